@@ -1,0 +1,48 @@
+// A fixed pool of worker threads for data-parallel loops.
+//
+// Determinism: parallel_for splits an index range into contiguous blocks; each index is computed by
+// exactly one thread with code that does not depend on the split. Callers split OUTPUT rows or
+// columns, never a reduction, so results are bit-identical for any thread count.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace tf {
+
+class ThreadPool {
+ public:
+  // n_threads <= 0 means std::thread::hardware_concurrency().
+  explicit ThreadPool(int n_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  // Calls fn(begin, end) over contiguous blocks that cover [0, n), in parallel, and returns when all
+  // are done. Blocks are multiples of `grain` (except the last). Not reentrant.
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+  // Wake every worker once (the residency tick uses it to keep the pool's stacks warm).
+  void wake();
+
+ private:
+  void worker(int index);
+
+  int n_threads_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_start_, cv_done_;
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t job_n_ = 0, job_grain_ = 1;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace tf
