@@ -17,9 +17,9 @@ namespace tf::detail {
 }  // namespace tf::detail
 
 // TF_CHECK(cond, "fmt {}", args...): abort with file:line when cond is false.
-#define TF_CHECK(cond, ...)                                                                   \
-  do {                                                                                        \
-    if (!(cond)) [[unlikely]] {                                                               \
-      ::tf::detail::check_failed(__FILE__, __LINE__, #cond, ::fmt::format("" __VA_ARGS__));   \
-    }                                                                                         \
+#define TF_CHECK(cond, ...)                                                                 \
+  do {                                                                                      \
+    if (!(cond)) [[unlikely]] {                                                             \
+      ::tf::detail::check_failed(__FILE__, __LINE__, #cond, ::fmt::format("" __VA_ARGS__)); \
+    }                                                                                       \
   } while (0)

@@ -14,8 +14,17 @@
 
 namespace tf {
 
-enum class StatusCode { kOk, kInvalidArgument, kNotFound, kIo, kCorrupt, kUnsupported, kOutOfRange,
-                        kResourceExhausted, kInternal };
+enum class StatusCode {
+  kOk,
+  kInvalidArgument,
+  kNotFound,
+  kIo,
+  kCorrupt,
+  kUnsupported,
+  kOutOfRange,
+  kResourceExhausted,
+  kInternal
+};
 
 const char* status_code_name(StatusCode code);
 
@@ -66,7 +75,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     TF_CHECK(!std::get<Status>(v_).is_ok(), "Result built from an ok Status");
   }
@@ -94,16 +103,17 @@ class [[nodiscard]] Result {
 }  // namespace tf
 
 // Propagate a non-ok Status from an expression returning Status.
-#define TF_RETURN_IF_ERROR(expr)         \
-  do {                                   \
-    ::tf::Status tf_status_ = (expr);    \
+#define TF_RETURN_IF_ERROR(expr)                \
+  do {                                          \
+    ::tf::Status tf_status_ = (expr);           \
     if (!tf_status_.is_ok()) return tf_status_; \
   } while (0)
 
 #define TF_CONCAT_INNER(a, b) a##b
 #define TF_CONCAT(a, b) TF_CONCAT_INNER(a, b)
 // TF_ASSIGN_OR_RETURN(auto x, make_x()): bind the value or return the error.
-#define TF_ASSIGN_OR_RETURN(lhs, expr) TF_ASSIGN_OR_RETURN_IMPL(TF_CONCAT(tf_result_, __LINE__), lhs, expr)
+#define TF_ASSIGN_OR_RETURN(lhs, expr) \
+  TF_ASSIGN_OR_RETURN_IMPL(TF_CONCAT(tf_result_, __LINE__), lhs, expr)
 #define TF_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                             \
   if (!tmp.is_ok()) return tmp.status();         \

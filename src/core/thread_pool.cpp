@@ -5,7 +5,8 @@
 namespace tf {
 
 ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (n_threads <= 0)
+    n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   n_threads_ = n_threads;
   // Thread 0 is the caller; workers are 1..n-1.
   for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
@@ -21,7 +22,8 @@ ThreadPool::~ThreadPool() {
 }
 
 // Block `index` of n_threads over [0, n) in units of grain.
-static void block_range(int64_t n, int64_t grain, int index, int n_threads, int64_t* b, int64_t* e) {
+static void block_range(int64_t n, int64_t grain, int index, int n_threads, int64_t* b,
+                        int64_t* e) {
   const int64_t units = (n + grain - 1) / grain;
   const int64_t per = units / n_threads, rem = units % n_threads;
   const int64_t ub = index * per + std::min<int64_t>(index, rem);

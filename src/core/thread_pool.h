@@ -24,8 +24,8 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  // Calls fn(begin, end) over contiguous blocks that cover [0, n), in parallel, and returns when all
-  // are done. Blocks are multiples of `grain` (except the last). Not reentrant.
+  // Calls fn(begin, end) over contiguous blocks that cover [0, n), in parallel, and returns when
+  // all are done. Blocks are multiples of `grain` (except the last). Not reentrant.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
   // Wake every worker once (the residency tick uses it to keep the pool's stacks warm).

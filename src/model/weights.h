@@ -1,0 +1,72 @@
+// Immutable weights of a qwen3_next model, as views into the memory-mapped checkpoint (zero copy
+// for matrices) plus small fp32 copies of the vectors (norm weights, gates, conv kernels).
+// Tensor names and shapes: ../shared/design/qwen3-next.md §2.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backends/cpu/matmul.h"
+#include "io/checkpoint.h"
+
+namespace tf {
+
+using cpu::Mat;
+
+// A SwiGLU feed-forward: down(silu(gate x) * up x).
+struct FfnWeights {
+  Mat gate, up;  // [I, H]
+  Mat down;      // [H, I]
+};
+
+struct LayerWeights {
+  bool full_attention = false;
+  bool moe = false;
+  std::vector<float> input_norm, post_norm;  // [H], zero-centred
+
+  // Gated full attention.
+  Mat q_proj;                         // [n_heads * 2 * D, H]: per head [query D | gate D]
+  Mat k_proj, v_proj;                 // [n_kv * D, H]
+  Mat o_proj;                         // [H, n_heads * D]
+  std::vector<float> q_norm, k_norm;  // [D], zero-centred
+
+  // Gated DeltaNet.
+  Mat in_qkvz;              // [Hk * (2 Dk + 2 r Dv), H], rows grouped per k-head
+  Mat in_ba;                // [Hk * 2 r, H], rows grouped per k-head
+  Mat out_proj;             // [H, Hv * Dv]
+  std::vector<float> conv;  // [conv_dim, K]: depthwise kernel, tap K-1 multiplies the current token
+  std::vector<float> dt_bias;    // [Hv]
+  std::vector<float> neg_exp_a;  // [Hv]: -exp(A_log)
+  std::vector<float> gnorm;      // [Dv], plain weight
+
+  // MoE: router, routed experts, shared expert with its sigmoid gate.
+  Mat router;                       // [E, H]
+  std::vector<FfnWeights> experts;  // [E]
+  FfnWeights shared;
+  std::vector<float> shared_gate;  // [H]
+  // Dense MLP (mlp_only layers).
+  FfnWeights mlp;
+};
+
+struct MtpWeights {
+  Mat fc;  // [H, 2H], input = concat(norm(embedding), norm(hidden))
+  std::vector<float> pre_fc_norm_embedding, pre_fc_norm_hidden, norm;  // [H]
+  LayerWeights layer;                                                  // full attention + MoE
+};
+
+struct Weights {
+  Mat embed;                      // [V, H]
+  Mat lm_head;                    // [V, H] (the embedding when tied)
+  std::vector<float> final_norm;  // [H]
+  std::vector<LayerWeights> layers;
+  std::unique_ptr<MtpWeights> mtp;  // null when the checkpoint has no mtp.* tensors
+  size_t bytes_mapped = 0;          // bytes of matrices viewed in the checkpoint
+  // Copies made where a tensor was not aligned to its element size.
+  std::vector<std::unique_ptr<char[]>> owned;
+};
+
+// Loads and checks every tensor the config implies. Errors name the file, tensor and expected vs
+// actual shape or dtype.
+Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt);
+
+}  // namespace tf
