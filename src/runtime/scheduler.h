@@ -1,0 +1,79 @@
+// The scheduler: which sequences run in the next engine step, and which of their tokens. It owns
+// ids and counters only (no tensors), so it is tested as a simulation without a model.
+//
+// Each step is ONE batched forward over a mix of decode rows (one token per decoding sequence) and
+// prefill chunks (prompt pieces within the per-step token budget). Admission is FIFO from a bounded
+// queue into at most max_running sequences. Prefill chunks end at absolute multiples of
+// kPrefillAlign (the delta rule's chunk size) or at the prompt's end, so a prompt split over steps
+// computes exactly what one prefill computes (determinism contract).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <vector>
+
+namespace tf {
+
+struct SchedulerOptions {
+  int max_running = 4;     // sequences admitted at once (--parallel)
+  int batch_tokens = 512;  // tokens per step, decode rows included (--batch-tokens)
+  int max_queue = 64;      // waiting requests beyond which submit is refused (HTTP 429)
+  int prefill_align = 64;  // prefill chunks end at multiples of this
+};
+
+struct StepRow {
+  uint64_t seq = 0;
+  int64_t begin = 0;     // first position fed (n_past of the sequence)
+  int64_t count = 0;     // tokens fed
+  bool decode = false;   // a decode row (one generated token) rather than a prompt chunk
+  bool samples = false;  // this row's last token yields a token to sample (prompt end or decode)
+};
+
+struct StepPlan {
+  std::vector<StepRow> rows;
+  int64_t tokens() const {
+    int64_t n = 0;
+    for (const auto& r : rows) n += r.count;
+    return n;
+  }
+  bool empty() const { return rows.empty(); }
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerOptions& o) : o_(o) {}
+
+  // Queues a request whose prompt still needs `n_prefill` tokens fed, starting at position
+  // `n_past` (> 0 when resumed from a kept state). False (nothing queued) when the queue is full.
+  bool enqueue(uint64_t seq, int64_t n_past, int64_t n_prefill);
+  // Forgets a sequence wherever it is (waiting or running). Unknown ids are ignored.
+  void cancel(uint64_t seq);
+
+  // Plans the next step: admits waiting sequences FIFO, one decode row per decoding sequence (in
+  // admission order), then prefill chunks FIFO within the remaining budget.
+  StepPlan schedule();
+  // Records that the plan ran: advances positions, moves sequences whose prompt is done to
+  // decoding. Call finish() for sequences that ended in this step (stop, length, cancel).
+  void commit(const StepPlan& plan);
+  void finish(uint64_t seq) { cancel(seq); }
+
+  size_t waiting() const { return waiting_.size(); }
+  size_t running() const { return running_.size(); }
+  bool is_running(uint64_t seq) const;
+  const SchedulerOptions& options() const { return o_; }
+
+ private:
+  struct Seq {
+    uint64_t id;
+    int64_t n_past;      // positions already in the sequence's state
+    int64_t prompt_end;  // position after the last prompt token
+    bool decoding() const { return n_past >= prompt_end; }
+  };
+  SchedulerOptions o_;
+  std::deque<Seq> waiting_;
+  std::vector<Seq> running_;  // admission order
+};
+
+}  // namespace tf

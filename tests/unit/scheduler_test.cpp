@@ -1,0 +1,90 @@
+// Scheduler simulations: no model, tables of what each step runs.
+#include <gtest/gtest.h>
+
+#include "runtime/scheduler.h"
+
+namespace tf {
+namespace {
+
+// Row shorthand: {seq, begin, count, decode}.
+struct R {
+  uint64_t seq;
+  int64_t begin, count;
+  bool decode;
+};
+
+void expect_rows(const StepPlan& p, const std::vector<R>& want, int step) {
+  ASSERT_EQ(p.rows.size(), want.size()) << "step " << step;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(p.rows[i].seq, want[i].seq) << "step " << step << " row " << i;
+    EXPECT_EQ(p.rows[i].begin, want[i].begin) << "step " << step << " row " << i;
+    EXPECT_EQ(p.rows[i].count, want[i].count) << "step " << step << " row " << i;
+    EXPECT_EQ(p.rows[i].decode, want[i].decode) << "step " << step << " row " << i;
+  }
+}
+
+// Two slots, budget 100: seq 1 (200-token prompt) is cut at 64 and 128 (the last aligned boundary
+// in the budget), seq 2 (10 tokens) shares the steps; seq 3 waits for a slot until 2 finishes.
+TEST(Scheduler, ChunkedPrefillAdmissionAndDecode) {
+  Scheduler s({.max_running = 2, .batch_tokens = 100, .max_queue = 8, .prefill_align = 64});
+  ASSERT_TRUE(s.enqueue(1, 0, 200));
+  ASSERT_TRUE(s.enqueue(2, 0, 10));
+  ASSERT_TRUE(s.enqueue(3, 0, 5));
+  const std::vector<std::vector<R>> table = {
+      {{1, 0, 64, false}, {2, 0, 10, false}},   // 1 cut at 64 (100 would cut mid-chunk); 2 whole
+      {{2, 10, 1, true}, {1, 64, 64, false}},   // 2 decodes first; 1 continues to 128
+      {{2, 11, 1, true}, {1, 128, 72, false}},  // 1's prompt ends (at its end, not a boundary)
+      {{1, 200, 1, true}, {2, 12, 1, true}},    // both decode, in admission order
+  };
+  for (size_t i = 0; i < table.size(); ++i) {
+    const StepPlan p = s.schedule();
+    expect_rows(p, table[i], static_cast<int>(i));
+    s.commit(p);
+    EXPECT_EQ(s.waiting(), 1u);
+  }
+  s.finish(2);
+  const StepPlan p = s.schedule();  // 3 admitted: decode row of 1 first, then 3's prompt
+  expect_rows(p, {{1, 201, 1, true}, {3, 0, 5, false}}, 4);
+  EXPECT_EQ(s.waiting(), 0u);
+}
+
+TEST(Scheduler, QueueOverflowIsRefusedWithoutSideEffects) {
+  Scheduler s({.max_running = 1, .batch_tokens = 64, .max_queue = 2, .prefill_align = 64});
+  EXPECT_TRUE(s.enqueue(1, 0, 3));
+  EXPECT_TRUE(s.enqueue(2, 0, 3));
+  EXPECT_FALSE(s.enqueue(3, 0, 3));
+  EXPECT_EQ(s.waiting(), 2u);
+  s.schedule();  // 1 admitted
+  EXPECT_TRUE(s.enqueue(3, 0, 3));
+}
+
+TEST(Scheduler, CancelAnywhere) {
+  Scheduler s({.max_running = 2, .batch_tokens = 64, .max_queue = 8, .prefill_align = 64});
+  s.enqueue(1, 0, 3);
+  s.enqueue(2, 0, 3);
+  s.enqueue(3, 0, 3);
+  s.cancel(3);  // waiting
+  StepPlan p = s.schedule();
+  s.commit(p);
+  s.cancel(1);   // running
+  s.cancel(42);  // unknown: ignored
+  p = s.schedule();
+  expect_rows(p, {{2, 3, 1, true}}, 1);
+  EXPECT_EQ(s.running(), 1u);
+  EXPECT_EQ(s.waiting(), 0u);
+}
+
+// A budget smaller than the distance to the next boundary still makes progress when nothing else
+// runs, and never splits a chunk mid-way when other rows fill the step.
+TEST(Scheduler, TinyBudget) {
+  Scheduler s({.max_running = 2, .batch_tokens = 16, .max_queue = 8, .prefill_align = 64});
+  s.enqueue(1, 0, 100);
+  StepPlan p = s.schedule();
+  expect_rows(p, {{1, 0, 64, false}}, 0);  // over budget, but the only way to make progress
+  s.commit(p);
+  p = s.schedule();
+  expect_rows(p, {{1, 64, 36, false}}, 1);  // over budget again: rest of the prompt (<= 64)
+}
+
+}  // namespace
+}  // namespace tf
