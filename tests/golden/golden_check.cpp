@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--max-rel-l2" && i + 1 < argc) max_rel_l2 = std::atof(argv[++i]);
     else if (a == "--min-margin" && i + 1 < argc) min_margin = std::atof(argv[++i]);
-    else dirs.push_back(a);
+    else dirs.push_back(a.size() > 1 && a.back() == '/' ? a.substr(0, a.size() - 1) : a);
   }
   if (dirs.empty()) {
     std::fprintf(stderr, "usage: golden_check [--max-rel-l2 X] [--min-margin Y] CASE_DIR...\n");
