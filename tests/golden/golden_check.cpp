@@ -45,7 +45,10 @@ int check_case(const std::string& dir, double max_rel_l2, double min_margin, tf:
     std::fprintf(stderr, "%s/reference.json: %s\n", dir.c_str(), e.what());
     return -1;
   }
-  auto model_or = tf::Model::load(dir);
+  // The weights live in the case folder, or where its "checkpoint" (relative to it) points.
+  const std::string model_dir =
+      ref.contains("checkpoint") ? dir + "/" + ref["checkpoint"].get<std::string>() : dir;
+  auto model_or = tf::Model::load(model_dir);
   if (!model_or) {
     std::fprintf(stderr, "%s: %s\n", dir.c_str(), model_or.status().to_string().c_str());
     return -1;
