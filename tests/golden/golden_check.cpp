@@ -1,11 +1,11 @@
 // golden_check DIR...: compares our engine with transformers' reference on checkpoints made by
 // tools/make_golden.py (see tests/golden/README.md for the file format).
 //
-// For each prompt: one prefill over the prompt ids (chunked delta rule), then the reference's greedy
-// tokens fed back one at a time (recurrent delta rule), so every row of our logits lines up with a
-// reference row. Passes when every row's relative L2 error is <= --max-rel-l2 (1e-4) and our argmax
-// equals the reference's greedy token wherever the reference's top-2 margin is above --min-margin
-// (1e-3). Prints one line per prompt; exits 1 on any failure, 2 on bad input.
+// For each prompt: one prefill over the prompt ids (chunked delta rule), then the reference's
+// greedy tokens fed back one at a time (recurrent delta rule), so every row of our logits lines up
+// with a reference row. Passes when every row's relative L2 error is <= --max-rel-l2 (1e-4) and our
+// argmax equals the reference's greedy token wherever the reference's top-2 margin is above
+// --min-margin (1e-3). Prints one line per prompt; exits 1 on any failure, 2 on bad input.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -65,7 +65,8 @@ int check_case(const std::string& dir, double max_rel_l2, double min_margin, tf:
     std::ifstream lf(dir + "/" + p.at("logits_file").get<std::string>(), std::ios::binary);
     lf.read(reinterpret_cast<char*>(want.data()), static_cast<std::streamsize>(want.size() * 4));
     if (!lf) {
-      std::fprintf(stderr, "%s: %s: short logits file\n", dir.c_str(), p.at("name").get<std::string>().c_str());
+      std::fprintf(stderr, "%s: %s: short logits file\n", dir.c_str(),
+                   p.at("name").get<std::string>().c_str());
       return -1;
     }
     tf::SequenceState st = model.new_state();
@@ -91,15 +92,18 @@ int check_case(const std::string& dir, double max_rel_l2, double min_margin, tf:
     for (size_t i = 0; i < greedy.size(); ++i) {
       const int32_t ours = tf::argmax(std::span<const float>(&got[(P - 1 + i) * V], V));
       if (ours == greedy[i]) continue;
-      if (greedy_margins[i] > min_margin) ++token_mismatch;
-      else ++low_margin_skips;
+      if (greedy_margins[i] > min_margin)
+        ++token_mismatch;
+      else
+        ++low_margin_skips;
     }
     const bool ok = worst <= max_rel_l2 && token_mismatch == 0;
     failures += ok ? 0 : 1;
-    std::printf("%s %-28s %-6s P=%-4ld max rel-L2 %.3e (row %ld)  greedy %zu/%zu%s\n", ok ? "ok  " : "FAIL",
-                dir.substr(dir.find_last_of('/') + 1).c_str(), p.at("name").get<std::string>().c_str(),
-                long(P), worst, long(worst_row), greedy.size() - token_mismatch - low_margin_skips,
-                greedy.size(), low_margin_skips ? " (low-margin ties skipped)" : "");
+    std::printf("%s %-28s %-6s P=%-4ld max rel-L2 %.3e (row %ld)  greedy %zu/%zu%s\n",
+                ok ? "ok  " : "FAIL", dir.substr(dir.find_last_of('/') + 1).c_str(),
+                p.at("name").get<std::string>().c_str(), long(P), worst, long(worst_row),
+                greedy.size() - token_mismatch - low_margin_skips, greedy.size(),
+                low_margin_skips ? " (low-margin ties skipped)" : "");
   }
   return failures;
 }
@@ -111,9 +115,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> dirs;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--max-rel-l2" && i + 1 < argc) max_rel_l2 = std::atof(argv[++i]);
-    else if (a == "--min-margin" && i + 1 < argc) min_margin = std::atof(argv[++i]);
-    else dirs.push_back(a.size() > 1 && a.back() == '/' ? a.substr(0, a.size() - 1) : a);
+    if (a == "--max-rel-l2" && i + 1 < argc)
+      max_rel_l2 = std::atof(argv[++i]);
+    else if (a == "--min-margin" && i + 1 < argc)
+      min_margin = std::atof(argv[++i]);
+    else
+      dirs.push_back(a.size() > 1 && a.back() == '/' ? a.substr(0, a.size() - 1) : a);
   }
   if (dirs.empty()) {
     std::fprintf(stderr, "usage: golden_check [--max-rel-l2 X] [--min-margin Y] CASE_DIR...\n");
