@@ -20,6 +20,8 @@ const char* status_code_name(StatusCode code) {
       return "out of range";
     case StatusCode::kResourceExhausted:
       return "resource exhausted";
+    case StatusCode::kUnavailable:
+      return "unavailable";
     case StatusCode::kInternal:
       return "internal";
   }

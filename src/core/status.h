@@ -23,6 +23,7 @@ enum class StatusCode {
   kUnsupported,
   kOutOfRange,
   kResourceExhausted,
+  kUnavailable,
   kInternal
 };
 

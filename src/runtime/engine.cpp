@@ -24,12 +24,16 @@ Engine::Engine(const Model& model, const EngineOptions& o)
 }
 
 Engine::~Engine() {
+  shutdown();
+}
+
+void Engine::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 Result<uint64_t> Engine::submit(GenerationRequest r) {
@@ -44,6 +48,7 @@ Result<uint64_t> Engine::submit(GenerationRequest r) {
                                 r.prompt.size(), o_.ctx_size);
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return Status(StatusCode::kUnavailable, "the server is shutting down");
   const uint64_t id = next_id_++;
   if (!sched_.enqueue(id, 0, static_cast<int64_t>(r.prompt.size()))) {
     return Status(StatusCode::kResourceExhausted,

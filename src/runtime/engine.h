@@ -59,7 +59,10 @@ struct EngineStats {
 class Engine {
  public:
   Engine(const Model& model, const EngineOptions& o);
-  ~Engine();  // cancels everything still queued or running, then joins the thread
+  ~Engine();  // shutdown()
+  // Ends every queued or running request (final event kCancelled), refuses new ones
+  // (kUnavailable) and joins the engine thread. Idempotent.
+  void shutdown();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 

@@ -16,6 +16,22 @@ int32_t argmax(std::span<const float> logits) {
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
+  int32_t tok;
+  if ((p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) && !counts_.empty()) {
+    // OpenAI's rule: logit -= count * frequency_penalty + (count > 0) * presence_penalty.
+    adjusted_.assign(logits.begin(), logits.end());
+    for (const auto& [id, n] : counts_) {
+      adjusted_[id] -= static_cast<float>(n) * p_.frequency_penalty + p_.presence_penalty;
+    }
+    tok = pick(adjusted_);
+  } else {
+    tok = pick(logits);
+  }
+  ++counts_[tok];
+  return tok;
+}
+
+int32_t Sampler::pick(std::span<const float> logits) {
   if (p_.temperature <= 0.0f) return argmax(logits);
   const int32_t V = static_cast<int32_t>(logits.size());
   std::vector<int32_t> ids(V);

@@ -5,7 +5,9 @@
 namespace tf {
 
 bool Scheduler::enqueue(uint64_t seq, int64_t n_past, int64_t n_prefill) {
-  if (static_cast<int>(waiting_.size()) >= o_.max_queue) return false;
+  // Room for max_running sequences plus max_queue waiting ones (a free slot is not "queued").
+  const size_t capacity = static_cast<size_t>(o_.max_running) + static_cast<size_t>(o_.max_queue);
+  if (running_.size() + waiting_.size() >= capacity) return false;
   waiting_.push_back(Seq{seq, n_past, n_past + n_prefill});
   return true;
 }

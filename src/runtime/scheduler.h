@@ -46,7 +46,8 @@ class Scheduler {
   explicit Scheduler(const SchedulerOptions& o) : o_(o) {}
 
   // Queues a request whose prompt still needs `n_prefill` tokens fed, starting at position
-  // `n_past` (> 0 when resumed from a kept state). False (nothing queued) when the queue is full.
+  // `n_past` (> 0 when resumed from a kept state). False (nothing queued) when every slot is taken
+  // and max_queue requests already wait.
   bool enqueue(uint64_t seq, int64_t n_past, int64_t n_prefill);
   // Forgets a sequence wherever it is (waiting or running). Unknown ids are ignored.
   void cancel(uint64_t seq);

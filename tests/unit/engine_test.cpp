@@ -95,7 +95,7 @@ TEST_F(EngineTest, BatchedEqualsAlone) {
 TEST_F(EngineTest, CancelAndQueueFull) {
   EngineOptions o;
   o.scheduler.max_running = 1;
-  o.scheduler.max_queue = 1;
+  o.scheduler.max_queue = 1;  // one running + one waiting
   Engine engine(*model_, o);
   Collector a, b;
   GenerationRequest ra;

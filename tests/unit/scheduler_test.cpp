@@ -49,13 +49,19 @@ TEST(Scheduler, ChunkedPrefillAdmissionAndDecode) {
 }
 
 TEST(Scheduler, QueueOverflowIsRefusedWithoutSideEffects) {
-  Scheduler s({.max_running = 1, .batch_tokens = 64, .max_queue = 2, .prefill_align = 64});
-  EXPECT_TRUE(s.enqueue(1, 0, 3));
-  EXPECT_TRUE(s.enqueue(2, 0, 3));
-  EXPECT_FALSE(s.enqueue(3, 0, 3));
+  Scheduler s({.max_running = 1, .batch_tokens = 64, .max_queue = 1, .prefill_align = 64});
+  EXPECT_TRUE(s.enqueue(1, 0, 3));   // takes the free slot at the next schedule()
+  EXPECT_TRUE(s.enqueue(2, 0, 3));   // waits
+  EXPECT_FALSE(s.enqueue(3, 0, 3));  // the slot and the queue are full
   EXPECT_EQ(s.waiting(), 2u);
-  s.schedule();  // 1 admitted
+  s.schedule();  // 1 admitted, 2 waits
+  EXPECT_FALSE(s.enqueue(3, 0, 3));
+  s.finish(1);
   EXPECT_TRUE(s.enqueue(3, 0, 3));
+  // With no queue at all, a request still gets a free slot.
+  Scheduler z({.max_running = 1, .batch_tokens = 64, .max_queue = 0, .prefill_align = 64});
+  EXPECT_TRUE(z.enqueue(1, 0, 3));
+  EXPECT_FALSE(z.enqueue(2, 0, 3));
 }
 
 TEST(Scheduler, CancelAnywhere) {
