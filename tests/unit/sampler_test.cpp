@@ -44,3 +44,29 @@ TEST(Sampler, TopKAndTopPRestrictTheSupport) {
 
 }  // namespace
 }  // namespace tf
+
+namespace tf {
+namespace {
+
+// OpenAI's rule: logit -= count * frequency_penalty + presence_penalty for tokens already sampled.
+TEST(Sampler, PenaltiesDiscourageRepeats) {
+  std::vector<float> l = {2.0f, 1.5f, 0.0f};
+  Sampler plain(SamplingParams{});
+  EXPECT_EQ(plain.sample(l), 0);
+  EXPECT_EQ(plain.sample(l), 0);
+  SamplingParams p;
+  p.presence_penalty = 1.0f;  // greedy, so the pick is deterministic
+  Sampler pen(p);
+  EXPECT_EQ(pen.sample(l), 0);  // 2.0 vs 1.5
+  EXPECT_EQ(pen.sample(l), 1);  // 1.0 vs 1.5
+  EXPECT_EQ(pen.sample(l), 0);  // 1.0 vs 0.5: presence counts once
+  p.presence_penalty = 0.0f;
+  p.frequency_penalty = 0.4f;
+  Sampler freq(p);
+  EXPECT_EQ(freq.sample(l), 0);  // 2.0
+  EXPECT_EQ(freq.sample(l), 0);  // 1.6 vs 1.5
+  EXPECT_EQ(freq.sample(l), 1);  // 1.2 vs 1.5
+}
+
+}  // namespace
+}  // namespace tf
