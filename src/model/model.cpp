@@ -11,10 +11,10 @@ namespace tf {
 
 using cpu::matmul;
 
-Result<std::unique_ptr<Model>> Model::load(const std::string& dir) {
+Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadProgress& progress) {
   auto m = std::unique_ptr<Model>(new Model());
   TF_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::open(dir));
-  TF_ASSIGN_OR_RETURN(m->weights_, load_weights(*m->ckpt_));
+  TF_ASSIGN_OR_RETURN(m->weights_, load_weights(*m->ckpt_, progress));
   const ModelConfig& c = m->config();
   // inv_freq[i] = theta^(-2i / rotary_dim), in float32 as transformers computes it.
   const int64_t rd = c.rotary_dim();

@@ -44,7 +44,8 @@ struct StepInput {
 
 class Model {
  public:
-  static Result<std::unique_ptr<Model>> load(const std::string& dir);
+  static Result<std::unique_ptr<Model>> load(const std::string& dir,
+                                             const LoadProgress& progress = {});
 
   const ModelConfig& config() const { return ckpt_->config(); }
   const Weights& weights() const { return *weights_; }

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -10,9 +11,11 @@ namespace {
 
 class Loader {
  public:
-  Loader(const Checkpoint& ckpt, Weights* w) : ckpt_(ckpt), w_(w) {}
+  Loader(const Checkpoint& ckpt, Weights* w, const LoadProgress& progress)
+      : ckpt_(ckpt), w_(w), progress_(progress), total_(progress ? ckpt.names().size() : 0) {}
 
   Status mat(const std::string& name, int64_t rows, int64_t cols, Mat* out) {
+    tick();
     TF_ASSIGN_OR_RETURN(TensorView t, ckpt_.get(name, {rows, cols}));
     *out = Mat{t.dtype, aligned(t), rows, cols};
     w_->bytes_mapped += t.nbytes;
@@ -22,6 +25,7 @@ class Loader {
   // A [E, R, C] packed tensor, as E matrices [R, C] (optionally a row range of each).
   Status packed(const std::string& name, int64_t E, int64_t R, int64_t C, int64_t row0,
                 int64_t rows, std::vector<Mat>* out) {
+    tick();
     TF_ASSIGN_OR_RETURN(TensorView t, ckpt_.get(name, {E, R, C}));
     const void* data = aligned(t);
     out->clear();
@@ -33,6 +37,7 @@ class Loader {
 
   // Any-dtype tensor of `shape` converted to fp32.
   Status vec(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>* out) {
+    tick();
     TF_ASSIGN_OR_RETURN(TensorView t, ckpt_.get(name, shape));
     out->resize(t.numel());
     for (int64_t i = 0; i < t.numel(); ++i) {
@@ -55,6 +60,9 @@ class Loader {
   }
 
  private:
+  void tick() {
+    if (progress_) progress_(std::min(++done_, total_), total_);
+  }
   // The tensor's data, copied to an aligned buffer if the file placed it off its element size.
   const void* aligned(const TensorView& t) {
     if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) == 0) return t.data;
@@ -65,6 +73,8 @@ class Loader {
 
   const Checkpoint& ckpt_;
   Weights* w_;
+  const LoadProgress& progress_;
+  size_t total_, done_ = 0;
 };
 
 Status load_ffn(Loader& ld, const std::string& p, int64_t H, int64_t I, FfnWeights* f) {
@@ -132,10 +142,11 @@ Status load_mlp(const Checkpoint& ckpt, Loader& ld, const ModelConfig& c, int64_
 
 }  // namespace
 
-Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt) {
+Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt,
+                                              const LoadProgress& progress) {
   const ModelConfig& c = ckpt.config();
   auto w = std::make_unique<Weights>();
-  Loader ld(ckpt, w.get());
+  Loader ld(ckpt, w.get(), progress);
   const int64_t H = c.hidden_size, V = c.vocab_size;
   TF_RETURN_IF_ERROR(ld.mat("model.embed_tokens.weight", V, H, &w->embed));
   if (c.tie_word_embeddings) {

@@ -3,6 +3,7 @@
 // Tensor names and shapes: ../shared/design/qwen3-next.md §2.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -65,8 +66,12 @@ struct Weights {
   std::vector<std::unique_ptr<char[]>> owned;
 };
 
+// Called with (tensors loaded, tensors in the checkpoint) as loading advances.
+using LoadProgress = std::function<void(size_t done, size_t total)>;
+
 // Loads and checks every tensor the config implies. Errors name the file, tensor and expected vs
 // actual shape or dtype.
-Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt);
+Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt,
+                                              const LoadProgress& progress = {});
 
 }  // namespace tf
