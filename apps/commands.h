@@ -8,6 +8,9 @@ namespace tf::app {
 void add_generate(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_make_checkpoint(CLI::App& app);
+void add_tokenize(CLI::App& app);
+void add_template(CLI::App& app);
+void add_serve(CLI::App& app);
 
 // The embedded default model, relative to the repository root (the working directory of every
 // documented command).

@@ -16,6 +16,9 @@ int main(int argc, char** argv) {
   tf::app::add_generate(app);
   tf::app::add_bench(app);
   tf::app::add_make_checkpoint(app);
+  tf::app::add_tokenize(app);
+  tf::app::add_template(app);
+  tf::app::add_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Sets up, builds the release binary and runs the main job: greedy generation on a bundled
-# checkpoint (tests/golden/*; the embedded chat model models/tiny-next replaces it once it lands).
+# Sets up, builds the release binary and serves the embedded model (models/tiny-next) with the
+# OpenAI API on http://127.0.0.1:8080 (Ctrl-C stops it). Extra arguments go to `tensorfold serve`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake --preset release >/dev/null
 cmake --build --preset release -j "$(nproc)"
-model=${1:-$(ls -d tests/golden/*/ | head -1)}
-./build/release/apps/tensorfold generate --model "$model" --prompt-ids 1,2,3,4,5 --max-tokens 16 --json
+exec ./build/release/apps/tensorfold serve "$@"

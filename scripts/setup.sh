@@ -7,6 +7,8 @@ pkgs=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format
+  libpcre2-dev libicu-dev python3-jinja2
+  libcpp-httplib-dev
 )
 missing=()
 for p in "${pkgs[@]}"; do
@@ -18,5 +20,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# Node.js and npm run the server tests with the official openai client (any Node >= 18).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
 fi
 echo "setup: all ${#pkgs[@]} packages present"

@@ -1,0 +1,70 @@
+// tensorfold serve: the OpenAI-compatible HTTP server (see src/server/server.h and the README).
+#include <cstdlib>
+
+#include "apps/commands.h"
+#include "server/server.h"
+
+namespace tf::app {
+
+void add_serve(CLI::App& app) {
+  auto o = std::make_shared<server::ServerOptions>();
+  o->model_dir = kDefaultModel;
+  CLI::App* cmd =
+      app.add_subcommand("serve", "Serve the OpenAI API (chat and completions) over HTTP");
+  cmd->add_option("--model", o->model_dir, "Checkpoint directory (with tokenizer files)")
+      ->capture_default_str();
+  cmd->add_option("--model-name", o->model_name,
+                  "Model id for clients (default: the directory name)");
+  cmd->add_option("--host", o->host, "Address to bind")->capture_default_str();
+  cmd->add_option("--port", o->port)->capture_default_str()->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", o->api_key,
+                  "Require 'Authorization: Bearer KEY' on /v1/* (or TENSORFOLD_API_KEY)");
+  cmd->add_option("--parallel", o->parallel, "Sequences decoded at once")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--batch-tokens", o->batch_tokens,
+                  "Tokens per engine step (prefill chunks + decode rows)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-queue", o->max_queue,
+                  "Waiting requests beyond which the server answers 429")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--ctx-size", o->ctx_size, "Context length per sequence (prompt + reply)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 24));
+  cmd->add_option("--threads", o->threads, "Model worker threads (0 = all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--http-threads", o->http_threads, "Connections served at once")
+      ->capture_default_str()
+      ->check(CLI::Range(4, 4096));
+  cmd->add_option("--max-body-bytes", o->max_body_bytes, "Larger request bodies get 413")
+      ->capture_default_str();
+  cmd->add_option("--enable-thinking", o->enable_thinking,
+                  "Default of chat_template_kwargs.enable_thinking")
+      ->capture_default_str();
+  cmd->add_option("--reasoning-format", o->reasoning_format,
+                  "parsed: <think> text goes to reasoning_content; inline: left in content")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"parsed", "inline"}));
+  cmd->add_option("--keepalive-ms", o->keepalive_ms, "SSE keep-alive comment interval")
+      ->capture_default_str()
+      ->check(CLI::Range(50, 600000));
+  cmd->add_option(
+         "--log-format",
+         [o](const std::vector<std::string>& v) {
+           o->log_json = v.at(0) == "json";
+           return true;
+         },
+         "text or json")
+      ->check(CLI::IsMember({"text", "json"}));
+  cmd->callback([o] {
+    if (o->api_key.empty()) {
+      if (const char* k = std::getenv("TENSORFOLD_API_KEY")) o->api_key = k;
+    }
+    exit_code() = server::run_server(*o);
+  });
+}
+
+}  // namespace tf::app

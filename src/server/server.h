@@ -1,0 +1,36 @@
+// `tensorfold serve`: the OpenAI-compatible HTTP server. The transport (cpp-httplib) stays inside
+// server.cpp; handlers map requests onto the runtime Engine and Status codes onto HTTP codes here
+// and nowhere else. Handlers never throw out of the transport.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace tf::server {
+
+struct ServerOptions {
+  std::string model_dir = "models/tiny-next";
+  std::string model_name;  // the id clients send; default: the directory's name
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;                      // empty: no authentication
+  int parallel = 4;                         // sequences decoded at once
+  int batch_tokens = 512;                   // tokens per engine step
+  int max_queue = 64;                       // waiting requests before 429
+  int64_t ctx_size = 16384;                 // positions per sequence
+  int threads = 0;                          // model worker threads (0 = all cores)
+  int http_threads = 64;                    // connections served at once
+  size_t max_body_bytes = 8 << 20;          // larger bodies get 413
+  bool enable_thinking = true;              // default of chat_template_kwargs.enable_thinking
+  std::string reasoning_format = "parsed";  // "parsed" (reasoning_content) or "inline"
+  int keepalive_ms = 2000;                  // SSE comment interval while nothing is produced
+  bool log_json = false;                    // one JSON object per log line
+};
+
+// Runs until SIGINT/SIGTERM (then stops accepting, ends in-flight streams and returns 0) or a
+// fatal startup error (returns non-zero with a message on stderr). The model loads in the
+// background: /health answers 503 until it is ready.
+int run_server(const ServerOptions& options);
+
+}  // namespace tf::server
