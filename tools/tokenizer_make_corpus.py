@@ -265,7 +265,7 @@ def code_snippets(n):
         ("/usr/include/c++/12/bits/*.h", 150), ("/usr/include/*.h", 150), ("/usr/include/linux/*.h", 60),
         ("/usr/lib/python3/dist-packages/jinja2/*.py", 80), ("/usr/lib/python3.11/*.py", 150),
         ("/usr/share/perl/5.36/*.pm", 60), ("/usr/share/cmake-3.25/Modules/*.cmake", 80),
-        ("/usr/lib/node_modules/npm/lib/**/*.js", 80), ("/work/main/src/**/*.cpp", 40),
+        ("/usr/lib/node_modules/npm/lib/**/*.js", 80), (os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "**", "*.cpp"), 40),
         ("/usr/share/bash-completion/completions/*", 60), ("/usr/lib/python3.11/json/*.py", 20),
         ("/usr/include/nlohmann/*.hpp", 20), ("/usr/share/doc/*/examples/*", 20),
     ]
