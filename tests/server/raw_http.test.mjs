@@ -71,9 +71,9 @@ test('invalid UTF-8 inside a JSON string', async () => {
 });
 
 test('deeply nested JSON', async () => {
-  const depth = 100000;
+  const depth = 20000;  // a recursive parser would overflow its stack here
   const body = '{"messages": ' + '['.repeat(depth) + ']'.repeat(depth) + '}';
-  const r = await raw([request(body)]);
+  const r = await raw([request(body)], 20000);  // generous: the ASan build on a busy machine is slow
   assert.equal(status(r), 400, r.slice(0, 300));
   await stillServes();
 });
