@@ -1,5 +1,6 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -73,10 +74,40 @@ std::optional<ApiError> normalise_content(ojson& m, size_t i) {
   return std::nullopt;
 }
 
+// Deepest nesting of arrays/objects in a JSON text (strings skipped). Checked before parsing:
+// the parser is iterative, but copying and destroying a json value recurse, so a 100k-deep body
+// would overflow the stack of a handler thread.
+int max_depth(std::string_view s) {
+  int depth = 0, worst = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      worst = std::max(worst, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return worst;
+}
+
+constexpr int kMaxDepth = 64;
+
 }  // namespace
 
 std::variant<ApiRequest, ApiError> parse_request(std::string_view body, bool chat,
                                                  const ParseLimits& limits) {
+  if (max_depth(body) > kMaxDepth) {
+    return ApiError{400, fmt::format("the body nests arrays/objects deeper than {}", kMaxDepth),
+                    "invalid_request_error", "", ""};
+  }
   ojson j;
   try {
     j = ojson::parse(body);  // rejects invalid UTF-8 in strings and bad syntax

@@ -88,6 +88,12 @@ TEST(OpenAiApi, ParsesAndValidates) {
   }
   EXPECT_TRUE(std::holds_alternative<ApiError>(parse_request(R"({"prompt": ""})", false)));
   EXPECT_TRUE(std::holds_alternative<ApiRequest>(parse_request(R"({"prompt": [1, 2]})", false)));
+  // Deep nesting is refused before parsing (copying such a value would recurse off the stack); a
+  // bracket inside a string does not count.
+  const std::string deep = "{\"prompt\": " + std::string(5000, '[') + std::string(5000, ']') + "}";
+  EXPECT_TRUE(std::holds_alternative<ApiError>(parse_request(deep, false)));
+  const std::string in_string = "{\"prompt\": \"" + std::string(5000, '[') + "\"}";
+  EXPECT_TRUE(std::holds_alternative<ApiRequest>(parse_request(in_string, false)));
 }
 
 }  // namespace
