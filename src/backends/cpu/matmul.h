@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
@@ -31,6 +32,17 @@ void matmul(const Mat& w, const float* x, int64_t ldx, int64_t n, float* y, int6
 inline void matmul(const Mat& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
   matmul(w, x, w.cols, n, y, w.rows, pool);
 }
+
+// Several products over the same n tokens in one parallel dispatch (e.g. q/k/v, or gate/up):
+// y_j[t, r] = sum_k w_j[r, k] * x_j[t, k]. Each element is computed exactly as matmul computes it.
+struct MatmulJob {
+  Mat w;
+  const float* x = nullptr;
+  int64_t ldx = 0;  // 0: w.cols
+  float* y = nullptr;
+  int64_t ldy = 0;  // 0: w.rows
+};
+void matmul_multi(std::span<const MatmulJob> jobs, int64_t n, ThreadPool* pool);
 
 // One dot product with the same arithmetic as one element of matmul (for tests).
 float dot_row(const Mat& w, int64_t r, const float* x);

@@ -4,16 +4,77 @@
 #include <cmath>
 #include <vector>
 
+#include "backends/cpu/gemm_kernels.h"
+#include "backends/cpu/panel.h"
+#include "backends/cpu/simd.h"
+
+// Vectorised over the innermost dimension with 16-lane AVX-512 (simd.h, gemm_kernels.h). Sums over
+// a vector (norms, dot products) use matmul's canonical 16-lane order and reduction tree; sums over
+// rows (keys, state rows, chunk tokens) run one fma per term in ascending order. Either way an
+// element's arithmetic never depends on which other rows, heads or threads share the call.
+
 namespace tf::cpu {
+namespace {
+
+using simd::kLanes;
+
+// sum_d a[d] * b[d] in the canonical 16-lane order.
+inline float dot(const float* a, const float* b, int64_t n) {
+  kern::Vec acc = kern::vzero();
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) acc = kern::fma(kern::load_x(a, d), kern::load_x(b, d), acc);
+  if (d < n) {
+    const auto m = kern::tail_mask(n - d);
+    acc = kern::fma(kern::load_x_tail(a, d, m), kern::load_x_tail(b, d, m), acc);
+  }
+  return kern::hsum(acc);
+}
+
+// y[d] = x[d] * a (+ nothing else); in place ok.
+inline void scale_row(const float* x, float a, int64_t n, float* y) {
+  const auto av = simd::set1(a);
+  for (int64_t d = 0; d < n; d += kLanes) {
+    const auto m = simd::mask_for(n - d);
+    simd::store(y + d, simd::mul(simd::load(x + d, m), av), m);
+  }
+}
+
+// y[d] = fma(a, x[d], y[d]) over n.
+inline void axpy(float a, const float* x, int64_t n, float* y) {
+  const auto av = simd::set1(a);
+  for (int64_t d = 0; d < n; d += kLanes) {
+    const auto m = simd::mask_for(n - d);
+    simd::store(y + d, simd::fma(av, simd::load(x + d, m), simd::load(y + d, m)), m);
+  }
+}
+
+// Column blocks of 8 vectors (128 floats) kept in registers across a loop over rows.
+constexpr int kBlockVecs = 8;
+constexpr int64_t kBlock = kBlockVecs * kLanes;
+
+struct BlockMasks {
+  simd::M m[kBlockVecs];
+  BlockMasks(int64_t j0, int64_t n) {
+    for (int v = 0; v < kBlockVecs; ++v)
+      m[v] = simd::mask_for(std::max<int64_t>(0, n - j0 - v * kLanes));
+  }
+};
+
+}  // namespace
 
 void rmsnorm_zc(const float* x, const float* w, int64_t n, int64_t dim, float eps, float* y) {
   for (int64_t i = 0; i < n; ++i) {
     const float* xr = x + i * dim;
-    float ss = 0;
-    for (int64_t d = 0; d < dim; ++d) ss += xr[d] * xr[d];
+    const float ss = dot(xr, xr, dim);
     const float r = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+    const auto rv = simd::set1(r), one = simd::set1(1.0f);
     float* yr = y + i * dim;
-    for (int64_t d = 0; d < dim; ++d) yr[d] = xr[d] * r * (1.0f + w[d]);
+    for (int64_t d = 0; d < dim; d += kLanes) {
+      const auto m = simd::mask_for(dim - d);
+      const auto v =
+          simd::mul(simd::mul(simd::load(xr + d, m), rv), simd::add(one, simd::load(w + d, m)));
+      simd::store(yr + d, v, m);
+    }
   }
 }
 
@@ -22,21 +83,50 @@ void rmsnorm_gated(const float* x, const float* z, const float* w, int64_t n, in
   for (int64_t i = 0; i < n; ++i) {
     const float* xr = x + i * dim;
     const float* zr = z + i * dim;
-    float ss = 0;
-    for (int64_t d = 0; d < dim; ++d) ss += xr[d] * xr[d];
+    const float ss = dot(xr, xr, dim);
     const float r = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+    const auto rv = simd::set1(r);
     float* yr = y + i * dim;
-    for (int64_t d = 0; d < dim; ++d) yr[d] = w[d] * (xr[d] * r) * silu(zr[d]);
+    for (int64_t d = 0; d < dim; d += kLanes) {
+      const auto m = simd::mask_for(dim - d);
+      const auto xn = simd::mul(simd::load(xr + d, m), rv);
+      const auto v =
+          simd::mul(simd::mul(simd::load(w + d, m), xn), simd::silu(simd::load(zr + d, m)));
+      simd::store(yr + d, v, m);
+    }
   }
 }
 
 void l2norm_scale(float* x, int64_t n, int64_t dim, float eps, float scale) {
   for (int64_t i = 0; i < n; ++i) {
     float* xr = x + i * dim;
-    float ss = 0;
-    for (int64_t d = 0; d < dim; ++d) ss += xr[d] * xr[d];
+    const float ss = dot(xr, xr, dim);
     const float r = 1.0f / std::sqrt(ss + eps);
-    for (int64_t d = 0; d < dim; ++d) xr[d] = xr[d] * r * scale;
+    const auto rv = simd::set1(r), sv = simd::set1(scale);
+    for (int64_t d = 0; d < dim; d += kLanes) {
+      const auto m = simd::mask_for(dim - d);
+      simd::store(xr + d, simd::mul(simd::mul(simd::load(xr + d, m), rv), sv), m);
+    }
+  }
+}
+
+void causal_conv_silu(const float* in, const float* w, int64_t T, int64_t C, int64_t K,
+                      float* out) {
+  std::vector<float> taps(K * kLanes);  // taps[j * 16 + l] = w[(c0 + l) * K + j]
+  for (int64_t c0 = 0; c0 < C; c0 += kLanes) {
+    const int64_t nc = std::min<int64_t>(kLanes, C - c0);
+    const auto m = simd::mask_for(nc);
+    for (int64_t j = 0; j < K; ++j)
+      for (int64_t l = 0; l < kLanes; ++l)
+        taps[j * kLanes + l] = l < nc ? w[(c0 + l) * K + j] : 0.0f;
+    for (int64_t t = 0; t < T; ++t) {
+      auto acc = simd::set1(0.0f);
+      for (int64_t j = 0; j < K; ++j) {
+        acc = simd::fma(simd::load(taps.data() + j * kLanes, m),
+                        simd::load(in + (t + j) * C + c0, m), acc);
+      }
+      simd::store(out + t * C + c0, simd::silu(acc), m);
+    }
   }
 }
 
@@ -69,164 +159,155 @@ void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cac
       p.resize(L);
       float m = -INFINITY;
       for (int64_t j = 0; j < L; ++j) {
-        const float* kv = k_cache + (j * n_kv + kvh) * D;
-        float s = 0;
-        for (int64_t d = 0; d < D; ++d) s += qv[d] * kv[d];
-        p[j] = s * scale;
+        p[j] = dot(qv, k_cache + (j * n_kv + kvh) * D, D) * scale;
         m = std::max(m, p[j]);
       }
-      float sum = 0;
-      for (int64_t j = 0; j < L; ++j) {
-        p[j] = std::exp(p[j] - m);
-        sum += p[j];
+      // p = e^(s - m), summed in the canonical 16-lane order.
+      const auto mv = simd::set1(m);
+      for (int64_t j = 0; j < L; j += kLanes) {
+        const auto mk = simd::mask_for(L - j);
+        simd::store(p.data() + j, simd::exp(simd::sub(simd::load(p.data() + j, mk), mv)), mk);
       }
+      simd::V psum = simd::set1(0.0f);
+      for (int64_t j = 0; j < L; j += kLanes)
+        psum = simd::add(psum, simd::load(p.data() + j, simd::mask_for(L - j)));
+      const float sum = kern::hsum(psum);
       float* o = out + (t * n_heads + h) * D;
       std::fill(o, o + D, 0.0f);
-      for (int64_t j = 0; j < L; ++j) {
-        const float* vv = v_cache + (j * n_kv + kvh) * D;
-        const float pj = p[j];
-        for (int64_t d = 0; d < D; ++d) o[d] += pj * vv[d];
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+      for (int64_t j = 0; j < L; ++j) axpy(p[j], v_cache + (j * n_kv + kvh) * D, D, o);
+      scale_row(o, 1.0f / sum, D, o);
     }
   };
-  if (pool != nullptr)
+  if (pool != nullptr && T * n_heads > 1)
     pool->parallel_for(T * n_heads, 1, run);
   else
     run(0, T * n_heads);
 }
 
 void delta_rule_recurrent(const DeltaArgs& a, ThreadPool* pool) {
-  const int64_t r = a.Hv / a.Hk;
+  const int64_t r = a.Hv / a.Hk, Dk = a.Dk, Dv = a.Dv;
   auto run = [&](int64_t hb, int64_t he) {
-    std::vector<float> kv(a.Dv);
     for (int64_t h = hb; h < he; ++h) {
-      float* S = a.S + h * a.Dk * a.Dv;  // [Dk, Dv]
+      float* S = a.S + h * Dk * Dv;  // [Dk, Dv]
       for (int64_t t = 0; t < a.T; ++t) {
-        const float* q = a.q + (t * a.Hk + h / r) * a.Dk;
-        const float* k = a.k + (t * a.Hk + h / r) * a.Dk;
-        const float* v = a.v + (t * a.Hv + h) * a.Dv;
-        const float decay = std::exp(a.g[t * a.Hv + h]);
-        const float beta = a.beta[t * a.Hv + h];
-        for (int64_t i = 0; i < a.Dk * a.Dv; ++i) S[i] *= decay;
-        std::fill(kv.begin(), kv.end(), 0.0f);
-        for (int64_t i = 0; i < a.Dk; ++i) {
-          const float* Si = S + i * a.Dv;
-          for (int64_t j = 0; j < a.Dv; ++j) kv[j] += Si[j] * k[i];
-        }
-        for (int64_t j = 0; j < a.Dv; ++j) kv[j] = beta * (v[j] - kv[j]);  // kv now holds d
-        float* o = a.out + (t * a.Hv + h) * a.Dv;
-        std::fill(o, o + a.Dv, 0.0f);
-        for (int64_t i = 0; i < a.Dk; ++i) {
-          float* Si = S + i * a.Dv;
-          const float ki = k[i], qi = q[i];
-          for (int64_t j = 0; j < a.Dv; ++j) {
-            Si[j] += ki * kv[j];
-            o[j] += Si[j] * qi;
+        const float* q = a.q + (t * a.Hk + h / r) * Dk;
+        const float* k = a.k + (t * a.Hk + h / r) * Dk;
+        const float* v = a.v + (t * a.Hv + h) * Dv;
+        float* o = a.out + (t * a.Hv + h) * Dv;
+        const auto decay = simd::set1(std::exp(a.g[t * a.Hv + h]));
+        const auto beta = simd::set1(a.beta[t * a.Hv + h]);
+        // Per block of 128 value columns: kv = sum_i k_i (e^g S_i); d = beta (v - kv);
+        // S_i = e^g S_i + k_i d; o = sum_i q_i S_i (new S), each sum one fma per i ascending.
+        for (int64_t j0 = 0; j0 < Dv; j0 += kBlock) {
+          const BlockMasks bm(j0, Dv);
+          simd::V acc[kBlockVecs], dv[kBlockVecs];
+          for (int u = 0; u < kBlockVecs; ++u) acc[u] = simd::set1(0.0f);
+          for (int64_t i = 0; i < Dk; ++i) {
+            const float* Si = S + i * Dv + j0;
+            const auto ki = simd::set1(k[i]);
+            for (int u = 0; u < kBlockVecs; ++u)
+              acc[u] =
+                  simd::fma(simd::mul(simd::load(Si + u * kLanes, bm.m[u]), decay), ki, acc[u]);
           }
+          for (int u = 0; u < kBlockVecs; ++u) {
+            dv[u] = simd::mul(beta, simd::sub(simd::load(v + j0 + u * kLanes, bm.m[u]), acc[u]));
+            acc[u] = simd::set1(0.0f);
+          }
+          for (int64_t i = 0; i < Dk; ++i) {
+            float* Si = S + i * Dv + j0;
+            const auto ki = simd::set1(k[i]), qi = simd::set1(q[i]);
+            for (int u = 0; u < kBlockVecs; ++u) {
+              const auto s =
+                  simd::fma(ki, dv[u], simd::mul(simd::load(Si + u * kLanes, bm.m[u]), decay));
+              simd::store(Si + u * kLanes, s, bm.m[u]);
+              acc[u] = simd::fma(s, qi, acc[u]);
+            }
+          }
+          for (int u = 0; u < kBlockVecs; ++u) simd::store(o + j0 + u * kLanes, acc[u], bm.m[u]);
         }
       }
     }
   };
-  if (pool != nullptr)
+  if (pool != nullptr && a.Hv > 1)
     pool->parallel_for(a.Hv, 1, run);
   else
     run(0, a.Hv);
 }
 
-// One chunk of n tokens (local rows c0..c0+n) for head h. Notation of qwen3-next.md §5.
+// One chunk of n tokens (local rows c0..c0+n) for head h. Notation of qwen3-next.md §5; every
+// product below is one panel_gemm (one fma per term, ascending) or one canonical matmul dot.
 static void delta_chunk(const DeltaArgs& a, int64_t h, int64_t c0, int64_t n, float* S,
                         std::vector<float>& buf) {
-  const int64_t r = a.Hv / a.Hk, Dk = a.Dk, Dv = a.Dv;
-  buf.resize(n + n * n * 2 + n * Dk + n * Dv * 2);
+  const int64_t r = a.Hv / a.Hk, Dk = a.Dk, Dv = a.Dv, ldk = a.Hk * Dk, ldv = a.Hv * Dv;
+  buf.resize(n * 3 + n * n * 4 + n * Dk * 3 + n * Dv * 2 + Dk * n);
   float* gam = buf.data();  // [n] cumulative log decay
-  float* A = gam + n;       // [n, n] strictly lower, then Tm
-  float* QK = A + n * n;    // [n, n] q_i . k_j
-  float* W = QK + n * n;    // [n, Dk]
-  float* U = W + n * Dk;    // [n, Dv], becomes Vn
-  float* O = U + n * Dv;    // [n, Dv]
-  auto qrow = [&](int64_t i) { return a.q + ((c0 + i) * a.Hk + h / r) * Dk; };
-  auto krow = [&](int64_t i) { return a.k + ((c0 + i) * a.Hk + h / r) * Dk; };
-  auto vrow = [&](int64_t i) { return a.v + ((c0 + i) * a.Hv + h) * Dv; };
+  float* eg = gam + n;      // [n] e^gam
+  float* dec = eg + n;      // [n] e^(gam_i - gam_j) of one row i
+  float* KK = dec + n;      // [n, n] k_i . k_j (all pairs)
+  float* QKf = KK + n * n;  // [n, n] q_i . k_j (all pairs)
+  float* Tm = QKf + n * n;  // [n, n] strictly lower: A, then (I + A)^-1 - I
+  float* QK = Tm + n * n;   // [n, n] (q_i . k_j) e^(gam_i - gam_j), j <= i, else 0
+  float* KB = QK + n * n;   // [n, Dk] beta_j e^gam_j k_j
+  float* W = KB + n * Dk;   // [n, Dk]
+  float* QE = W + n * Dk;   // [n, Dk] e^gam_i q_i
+  float* VB = QE + n * Dk;  // [n, Dv] beta_j v_j
+  float* U = VB + n * Dv;   // [n, Dv] U, then Vn
+  float* CK = U + n * Dv;   // [Dk, n] e^(gam_n - gam_j) k_j[d]
+  const float* k0 = a.k + (c0 * a.Hk + h / r) * Dk;  // row i at k0 + i * ldk
+  const float* q0 = a.q + (c0 * a.Hk + h / r) * Dk;
+  const float* v0 = a.v + (c0 * a.Hv + h) * Dv;  // row i at v0 + i * ldv
   auto beta = [&](int64_t i) { return a.beta[(c0 + i) * a.Hv + h]; };
 
   float acc = 0;
-  for (int64_t i = 0; i < n; ++i) gam[i] = (acc += a.g[(c0 + i) * a.Hv + h]);
-  auto dot = [&](const float* x, const float* y) {
-    float s = 0;
-    for (int64_t d = 0; d < Dk; ++d) s += x[d] * y[d];
-    return s;
-  };
-  // A_ij = beta_i (k_i . k_j) exp(gam_i - gam_j), i > j.
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      A[i * n + j] = j < i ? beta(i) * dot(krow(i), krow(j)) * std::exp(gam[i] - gam[j]) : 0.0f;
-      QK[i * n + j] = j <= i ? dot(qrow(i), krow(j)) * std::exp(gam[i] - gam[j]) : 0.0f;
-    }
+    gam[i] = (acc += a.g[(c0 + i) * a.Hv + h]);
+    eg[i] = std::exp(gam[i]);
   }
-  // Tm = (I + A)^-1 by forward substitution, row by row, in place over A (diagonal implicit 1):
-  // Tm_ij = -A_ij - sum_{j<m<i} A_im Tm_mj.
+  // KK[i, j] = k_i . k_j, QKf[i, j] = q_i . k_j with matmul's kernel (rows of k as the "weights").
+  const char* kw = reinterpret_cast<const char*>(k0);
+  kern::gemm<DType::kF32>(kw, ldk * 4, Dk, 0, n, kern::XRows{k0, ldk, nullptr}, n, KK, n);
+  kern::gemm<DType::kF32>(kw, ldk * 4, Dk, 0, n, kern::XRows{q0, ldk, nullptr}, n, QKf, n);
+  // A_ij = beta_i (k_i . k_j) e^(gam_i - gam_j), i > j;  QK_ij = (q_i . k_j) e^(gam_i - gam_j).
+  std::fill(Tm, Tm + 2 * n * n, 0.0f);  // Tm and QK: zero above the diagonal
+  for (int64_t i = 0; i < n; ++i) {
+    const auto gi = simd::set1(gam[i]);
+    for (int64_t j = 0; j <= i; j += kLanes) {
+      const auto m = simd::mask_for(i + 1 - j);
+      simd::store(dec + j, simd::exp(simd::sub(gi, simd::load(gam + j, m))), m);
+    }
+    const float bi = beta(i);
+    for (int64_t j = 0; j < i; ++j) Tm[i * n + j] = bi * KK[i * n + j] * dec[j];
+    for (int64_t j = 0; j <= i; ++j) QK[i * n + j] = QKf[i * n + j] * dec[j];
+  }
+  // (I + A)^-1 = I + Tm by forward substitution, in place:
+  // Tm_ij = -A_ij - sum_{j<m<i} A_im Tm_mj, as row vectors: Tm_i = -(A_i + sum_m A_im Tm_m).
+  std::vector<float> row(n);
   for (int64_t i = 1; i < n; ++i) {
-    for (int64_t j = 0; j < i; ++j) {
-      float s = A[i * n + j];
-      for (int64_t m = j + 1; m < i; ++m) s += A[i * n + m] * A[m * n + j];
-      A[i * n + j] = -s;
-    }
+    std::copy_n(Tm + i * n, i, row.data());
+    for (int64_t m = 1; m < i; ++m) axpy(Tm[i * n + m], Tm + m * n, m, row.data());
+    for (int64_t j = 0; j < i; ++j) Tm[i * n + j] = -row[j];
   }
-  // W = Tm diag(beta e^gam) K,  U = Tm diag(beta) V.
-  for (int64_t i = 0; i < n; ++i) {
-    float* Wi = W + i * Dk;
-    float* Ui = U + i * Dv;
-    const float bi = beta(i), ei = std::exp(gam[i]);
-    for (int64_t d = 0; d < Dk; ++d) Wi[d] = bi * ei * krow(i)[d];
-    for (int64_t d = 0; d < Dv; ++d) Ui[d] = bi * vrow(i)[d];
-    for (int64_t j = 0; j < i; ++j) {
-      const float t = A[i * n + j], bj = beta(j), ej = std::exp(gam[j]);
-      for (int64_t d = 0; d < Dk; ++d) Wi[d] += t * bj * ej * krow(j)[d];
-      for (int64_t d = 0; d < Dv; ++d) Ui[d] += t * bj * vrow(j)[d];
-    }
-  }
-  // Vn = U - W S0;  O = diag(e^gam) Q S0 + (QK masked) Vn.
-  for (int64_t i = 0; i < n; ++i) {
-    float* Ui = U + i * Dv;
-    float* Oi = O + i * Dv;
-    std::fill(Oi, Oi + Dv, 0.0f);
-    const float* Wi = W + i * Dk;
-    const float* qi = qrow(i);
-    const float ei = std::exp(gam[i]);
-    for (int64_t d = 0; d < Dk; ++d) {
-      const float* Sd = S + d * Dv;
-      const float w = Wi[d], qd = qi[d] * ei;
-      for (int64_t e = 0; e < Dv; ++e) {
-        Ui[e] -= w * Sd[e];
-        Oi[e] += qd * Sd[e];
-      }
-    }
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    float* Oi = O + i * Dv;
-    for (int64_t j = 0; j <= i; ++j) {
-      const float c = QK[i * n + j];
-      const float* Uj = U + j * Dv;
-      for (int64_t e = 0; e < Dv; ++e) Oi[e] += c * Uj[e];
-    }
-    float* out = a.out + ((c0 + i) * a.Hv + h) * Dv;
-    std::copy(Oi, Oi + Dv, out);
-  }
-  // S1 = e^gam_n S0 + sum_j e^(gam_n - gam_j) k_j Vn_j^T.
-  const float gn = gam[n - 1], en = std::exp(gn);
-  for (int64_t i = 0; i < Dk * Dv; ++i) S[i] *= en;
+  // W = (I + Tm) diag(beta e^gam) K,  U = (I + Tm) diag(beta) V.
   for (int64_t j = 0; j < n; ++j) {
-    const float c = std::exp(gn - gam[j]);
-    const float* kj = krow(j);
-    const float* Uj = U + j * Dv;
-    for (int64_t d = 0; d < Dk; ++d) {
-      float* Sd = S + d * Dv;
-      const float kd = c * kj[d];
-      for (int64_t e = 0; e < Dv; ++e) Sd[e] += kd * Uj[e];
-    }
+    scale_row(k0 + j * ldk, beta(j) * eg[j], Dk, KB + j * Dk);
+    scale_row(v0 + j * ldv, beta(j), Dv, VB + j * Dv);
+    scale_row(q0 + j * ldk, eg[j], Dk, QE + j * Dk);
   }
+  panel_gemm(Tm, n, KB, Dk, KB, Dk, W, Dk, n, Dk, n);
+  panel_gemm(Tm, n, VB, Dv, VB, Dv, U, Dv, n, Dv, n);
+  // Vn = U - W S0;  O = diag(e^gam) Q S0 + QK Vn, written straight to the output rows.
+  panel_gemm_sub(W, Dk, S, Dv, U, Dv, U, Dv, n, Dv, Dk);
+  float* out = a.out + (c0 * a.Hv + h) * Dv;  // row i at out + i * ldv
+  panel_gemm(QE, Dk, S, Dv, nullptr, 0, out, ldv, n, Dv, Dk);
+  panel_gemm(QK, n, U, Dv, out, ldv, out, ldv, n, Dv, n);
+  // S1 = e^gam_n S0 + sum_j e^(gam_n - gam_j) k_j Vn_j^T.
+  const float gn = gam[n - 1];
+  for (int64_t j = 0; j < n; ++j) {
+    const float cj = std::exp(gn - gam[j]);
+    for (int64_t d = 0; d < Dk; ++d) CK[d * n + j] = cj * k0[j * ldk + d];
+  }
+  for (int64_t d = 0; d < Dk; ++d) scale_row(S + d * Dv, eg[n - 1], Dv, S + d * Dv);
+  panel_gemm(CK, n, U, Dv, S, Dv, S, Dv, Dk, Dv, n);
 }
 
 void delta_rule_chunked(const DeltaArgs& a, int64_t pos0, int64_t chunk, ThreadPool* pool) {

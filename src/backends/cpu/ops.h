@@ -33,6 +33,11 @@ inline float softplus(float x) {
   return x > 20.0f ? x : __builtin_log1pf(__builtin_expf(x));
 }
 
+// Causal depthwise conv over T new rows, then SiLU: out[t, c] = silu(sum_j w[c, j] * in[t + j, c]),
+// j = 0..K-1 in order (one fma each, from 0). in: [(K - 1) + T, C] (the K-1 previous inputs, oldest
+// first, then the T new ones); w: [C, K] (tap K-1 multiplies the current row); out: [T, C].
+void causal_conv_silu(const float* in, const float* w, int64_t T, int64_t C, int64_t K, float* out);
+
 // NeoX rotary embedding on the first rotary_dim dims of each of n_heads heads of one token:
 // pairs (i, i + rotary_dim/2). inv_freq: [rotary_dim/2]. x: [n_heads, head_dim], in place.
 void rope_neox(float* x, int64_t n_heads, int64_t head_dim, int64_t rotary_dim,

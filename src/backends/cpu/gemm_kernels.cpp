@@ -1,0 +1,107 @@
+#include "backends/cpu/gemm_kernels.h"
+
+#include <algorithm>
+
+namespace tf::cpu::kern {
+namespace {
+
+// Rows [r, r + R) x tokens [t, t + T) (rows counted from w and y) with those tokens' x rows.
+template <DType D, int R, int T>
+inline void run_tile(const char* w, int64_t w_stride, int64_t K, int64_t r, const XRows& x,
+                     int64_t t, float* y, int64_t ldy) {
+  const float* xp[T];
+  for (int i = 0; i < T; ++i) xp[i] = x.row(t + i);
+  tile<D, R, T>(w + r * w_stride, w_stride, K, xp, y + t * ldy + r, ldy);
+}
+
+// All tokens [t0, t1) of rows [r, r + R): 4-token tiles and a narrower last one.
+template <DType D, int R>
+inline void row_tile_tokens(const char* w, int64_t w_stride, int64_t K, int64_t r, int64_t rows,
+                            const XRows& x, int64_t t0, int64_t t1, float* y, int64_t ldy) {
+  // While this row tile sweeps the tokens, pull the next R rows (contiguous) towards L2, a slice
+  // per 4-token tile, so that the next sweep does not start on a DRAM miss.
+  const char* next = w + (r + R) * w_stride;
+  const int64_t next_lines = (std::min<int64_t>(R, rows - r - R) * w_stride) / 64;
+  const int64_t n_tiles = (t1 - t0 + 3) / 4;
+  const int64_t per_tile = next_lines > 0 ? (next_lines + n_tiles - 1) / n_tiles : 0;
+  int64_t line = 0;
+  int64_t t = t0;
+  for (; t + 4 <= t1; t += 4) {
+    for (int64_t e = std::min(next_lines, line + per_tile); line < e; ++line)
+      __builtin_prefetch(next + line * 64, 0, 2);
+    run_tile<D, R, 4>(w, w_stride, K, r, x, t, y, ldy);
+  }
+  switch (t1 - t) {
+    case 3:
+      return run_tile<D, R, 3>(w, w_stride, K, r, x, t, y, ldy);
+    case 2:
+      return run_tile<D, R, 2>(w, w_stride, K, r, x, t, y, ldy);
+    case 1:
+      return run_tile<D, R, 1>(w, w_stride, K, r, x, t, y, ldy);
+    default:
+      return;
+  }
+}
+
+// Few tokens (decode, small verify batches): every row is read once, 8 rows at a time.
+template <DType D, int T>
+void gemm_few(const char* w, int64_t w_stride, int64_t K, int64_t rows, const XRows& x, float* y,
+              int64_t ldy) {
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) run_tile<D, 8, T>(w, w_stride, K, r, x, 0, y, ldy);
+  for (; r + 2 <= rows; r += 2) run_tile<D, 2, T>(w, w_stride, K, r, x, 0, y, ldy);
+  for (; r < rows; ++r) run_tile<D, 1, T>(w, w_stride, K, r, x, 0, y, ldy);
+}
+
+}  // namespace
+
+template <DType D>
+void gemm(const char* w, int64_t w_stride, int64_t K, int64_t r0, int64_t r1, const XRows& x,
+          int64_t n, float* y, int64_t ldy) {
+  if (r1 <= r0 || n <= 0) return;
+  // The helpers index rows from 0: rebase w on row r0 (y already starts at row r0).
+  w += r0 * w_stride;
+  const int64_t rows = r1 - r0;
+  switch (n) {
+    case 1:
+      return gemm_few<D, 1>(w, w_stride, K, rows, x, y, ldy);
+    case 2:
+      return gemm_few<D, 2>(w, w_stride, K, rows, x, y, ldy);
+    case 3:
+      return gemm_few<D, 3>(w, w_stride, K, rows, x, y, ldy);
+    default:
+      break;
+  }
+  // Token blocks of ~384 KiB of x (L2-resident while the weight rows stream past once per block).
+  const int64_t tb = std::max<int64_t>(4, (96 * 1024 / std::max<int64_t>(K, 1)) / 4 * 4);
+  for (int64_t t0 = 0; t0 < n; t0 += tb) {
+    const int64_t t1 = std::min(n, t0 + tb);
+    int64_t r = 0;
+    for (; r + 6 <= rows; r += 6) row_tile_tokens<D, 6>(w, w_stride, K, r, rows, x, t0, t1, y, ldy);
+    for (; r + 2 <= rows; r += 2) row_tile_tokens<D, 2>(w, w_stride, K, r, rows, x, t0, t1, y, ldy);
+    for (; r < rows; ++r) row_tile_tokens<D, 1>(w, w_stride, K, r, rows, x, t0, t1, y, ldy);
+  }
+}
+
+template void gemm<DType::kF32>(const char*, int64_t, int64_t, int64_t, int64_t, const XRows&,
+                                int64_t, float*, int64_t);
+template void gemm<DType::kBF16>(const char*, int64_t, int64_t, int64_t, int64_t, const XRows&,
+                                 int64_t, float*, int64_t);
+template void gemm<DType::kF16>(const char*, int64_t, int64_t, int64_t, int64_t, const XRows&,
+                                int64_t, float*, int64_t);
+
+void gemm_rows(const Mat& w, const XRows& x, int64_t n, float* y, int64_t ldy, int64_t r0,
+               int64_t r1) {
+  const char* base = static_cast<const char*>(w.data);
+  const int64_t stride = w.cols * static_cast<int64_t>(dtype_size(w.dtype));
+  switch (w.dtype) {
+    case DType::kF32:
+      return gemm<DType::kF32>(base, stride, w.cols, r0, r1, x, n, y, ldy);
+    case DType::kBF16:
+      return gemm<DType::kBF16>(base, stride, w.cols, r0, r1, x, n, y, ldy);
+    case DType::kF16:
+      return gemm<DType::kF16>(base, stride, w.cols, r0, r1, x, n, y, ldy);
+  }
+}
+
+}  // namespace tf::cpu::kern
