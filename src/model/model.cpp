@@ -26,11 +26,19 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadPro
   return m;
 }
 
-SequenceState Model::new_state() const {
+size_t SequenceState::bytes() const {
+  size_t n = 0;
+  for (const Attention& a : attn) n += (a.k.capacity() + a.v.capacity()) * sizeof(float);
+  for (const DeltaNet& d : delta) n += (d.conv.capacity() + d.S.capacity()) * sizeof(float);
+  return n;
+}
+
+SequenceState Model::new_state(BufferObserver* observer) const {
   const ModelConfig& c = config();
+  const TrackedAllocator<float> alloc(observer);
   SequenceState s;
-  s.attn.resize(c.num_hidden_layers);
-  s.delta.resize(c.num_hidden_layers);
+  s.attn.resize(c.num_hidden_layers, SequenceState::Attention{FloatBuf(alloc), FloatBuf(alloc)});
+  s.delta.resize(c.num_hidden_layers, SequenceState::DeltaNet{FloatBuf(alloc), FloatBuf(alloc)});
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     if (c.full_attention[i]) continue;
     s.delta[i].conv.assign((c.linear_conv_kernel_dim - 1) * c.conv_dim(), 0.0f);

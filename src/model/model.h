@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
 #include "model/weights.h"
@@ -21,18 +22,22 @@ namespace tf {
 // Prompts run the chunked delta rule in chunks that end at absolute multiples of this (§5).
 inline constexpr int64_t kDeltaChunk = 64;
 
-// The state of one sequence after n_past tokens. Copyable on purpose: a copy is a snapshot.
+// The state of one sequence after n_past tokens. Copyable on purpose: a copy is a snapshot. Its
+// buffers are FloatBufs, so the observer given to Model::new_state follows them and their copies.
 struct SequenceState {
   int64_t n_past = 0;
   struct Attention {
-    std::vector<float> k, v;  // [n_past, n_kv, D] each, post-norm, post-RoPE keys
+    FloatBuf k, v;  // [n_past, n_kv, D] each, post-norm, post-RoPE keys
   };
   struct DeltaNet {
-    std::vector<float> conv;  // [K-1, conv_dim]: the last K-1 pre-conv inputs, oldest first
-    std::vector<float> S;     // [Hv, Dk, Dv] fp32 recurrent state
+    FloatBuf conv;  // [K-1, conv_dim]: the last K-1 pre-conv inputs, oldest first
+    FloatBuf S;     // [Hv, Dk, Dv] fp32 recurrent state
   };
   std::vector<Attention> attn;  // one per layer (empty for GDN layers)
   std::vector<DeltaNet> delta;  // one per layer (empty for attention layers)
+
+  // Bytes held by the buffers (capacity, as allocated).
+  size_t bytes() const;
 };
 
 // One sequence's part of a batched step.
@@ -51,7 +56,8 @@ class Model {
   const Weights& weights() const { return *weights_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 
-  SequenceState new_state() const;
+  // A fresh state (n_past 0) whose buffers report to `observer` (nullptr: none).
+  SequenceState new_state(BufferObserver* observer = nullptr) const;
 
   // Runs one step. Appends logits rows ([vocab] each) to *logits in order: for each input, every
   // token's row if all_logits, else its last token's row. Advances each state by its token count.

@@ -1,8 +1,10 @@
 #include <atomic>
+#include <map>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "core/buffer.h"
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -40,6 +42,44 @@ TEST(DType, Bf16RoundTripAndRounding) {
   // 1 + 2^-8 is halfway between two bf16 values: round to even (1.0).
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 1.0f / 256)), 1.0f);
   EXPECT_EQ(f16_to_f32(0x3c00), 1.0f);
+}
+
+// Records live ranges; a release of a range it does not hold, or a leak, fails the test.
+struct CountingObserver : BufferObserver {
+  std::map<const void*, size_t> live;
+  size_t creates = 0, bad_releases = 0;
+  void on_create(const void* p, size_t bytes) noexcept override {
+    live[p] = bytes;
+    ++creates;
+  }
+  void on_release(const void* p, size_t bytes) noexcept override {
+    auto it = live.find(p);
+    if (it == live.end() || it->second != bytes) {
+      ++bad_releases;
+      return;
+    }
+    live.erase(it);
+  }
+};
+
+TEST(TrackedAllocator, FollowsGrowthCopiesAndMoves) {
+  CountingObserver obs;
+  {
+    FloatBuf a{TrackedAllocator<float>(&obs)};
+    for (int i = 0; i < 1000; ++i) a.push_back(static_cast<float>(i));  // reallocations
+    EXPECT_EQ(obs.live.size(), 1u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 64, 0u);
+    FloatBuf b = a;  // a snapshot is followed too
+    EXPECT_EQ(obs.live.size(), 2u);
+    EXPECT_EQ(b.get_allocator().observer(), &obs);
+    FloatBuf c;
+    c = std::move(b);  // the observer moves with the buffer
+    EXPECT_EQ(c.get_allocator().observer(), &obs);
+    EXPECT_EQ(obs.live.size(), 2u);
+  }
+  EXPECT_TRUE(obs.live.empty());
+  EXPECT_GT(obs.creates, 2u);
+  EXPECT_EQ(obs.bad_releases, 0u);
 }
 
 }  // namespace
