@@ -123,8 +123,8 @@ void Engine::step() {
     cancels.swap(cancels_);
     for (auto& [id, r] : incoming_) {
       Sampler sampler(r.sampling);
-      active_.emplace(
-          id, std::make_unique<Active>(Active{std::move(r), model_.new_state(), sampler, 0, -1}));
+      active_.emplace(id, std::make_unique<Active>(
+                              Active{std::move(r), model_.new_state(o_.buffers), sampler, 0, -1}));
     }
     incoming_.clear();
   }

@@ -49,6 +49,8 @@ struct EngineOptions {
   SchedulerOptions scheduler;
   int64_t ctx_size = 16384;  // positions per sequence (prompt + generated)
   int threads = 0;           // worker threads for the model (0 = all cores)
+  // Follows every sequence-state and kept-snapshot buffer (the residency owner); nullptr: none.
+  BufferObserver* buffers = nullptr;
 };
 
 struct EngineStats {
