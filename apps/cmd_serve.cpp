@@ -33,6 +33,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--ctx-size", o->ctx_size, "Context length per sequence (prompt + reply)")
       ->capture_default_str()
       ->check(CLI::Range(2, 1 << 24));
+  cmd->add_option("--state-cache-bytes", o->state_cache_bytes,
+                  "Budget of the kept-state pool (e.g. 2GiB; 0 turns it off)")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
   cmd->add_option("--threads", o->threads, "Model worker threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));

@@ -18,8 +18,20 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
+namespace {
+int64_t align_down(int64_t n) {
+  return n / kDeltaChunk * kDeltaChunk;
+}
+}  // namespace
+
 Engine::Engine(const Model& model, const EngineOptions& o)
-    : model_(model), o_(o), pool_(o.threads), sched_(o.scheduler) {
+    : model_(model),
+      o_(o),
+      pool_(o.threads),
+      sched_(o.scheduler),
+      states_(o.state_cache_bytes, kDeltaChunk) {
+  TF_CHECK(o.scheduler.prefill_align % kDeltaChunk == 0, "prefill_align {} vs chunk {}",
+           o.scheduler.prefill_align, kDeltaChunk);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -36,6 +48,12 @@ void Engine::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
+std::unique_ptr<Engine::Active> Engine::make_active(GenerationRequest r) {
+  auto a = std::make_unique<Active>(Active{std::move(r), {}, Sampler({}), {}, false, 0, 0, -1, {}});
+  a->sampler = Sampler(a->req.sampling);
+  return a;
+}
+
 Result<uint64_t> Engine::submit(GenerationRequest r) {
   const int64_t V = model_.config().vocab_size;
   if (r.prompt.empty()) return Status::invalid("the prompt is empty");
@@ -43,18 +61,31 @@ Result<uint64_t> Engine::submit(GenerationRequest r) {
     if (t < 0 || t >= V)
       return Status::invalid("token id {} is outside the vocabulary [0, {})", t, V);
   }
-  if (static_cast<int64_t>(r.prompt.size()) >= o_.ctx_size) {
+  const int64_t P = static_cast<int64_t>(r.prompt.size());
+  if (P >= o_.ctx_size) {
     return Status::out_of_range("the prompt has {} tokens; the context holds {} (prompt + reply)",
-                                r.prompt.size(), o_.ctx_size);
+                                P, o_.ctx_size);
   }
+  // Keep points: the prompt's last aligned position and the aligned ends the caller names.
+  std::vector<int64_t> cuts{align_down(P)};
+  for (int64_t k : r.keep_prefixes) {
+    if (k > 0 && k <= P) cuts.push_back(align_down(k));
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  cuts.erase(std::remove(cuts.begin(), cuts.end(), 0), cuts.end());
+  if (o_.state_cache_bytes == 0) cuts.clear();
+
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return Status(StatusCode::kUnavailable, "the server is shutting down");
   const uint64_t id = next_id_++;
-  if (!sched_.enqueue(id, 0, static_cast<int64_t>(r.prompt.size()))) {
+  if (!sched_.enqueue(id, 0, P, cuts)) {
     return Status(StatusCode::kResourceExhausted,
                   fmt::format("the queue is full ({} waiting)", sched_.waiting()));
   }
-  incoming_.emplace(id, std::move(r));
+  auto a = make_active(std::move(r));
+  a->cuts = std::move(cuts);
+  incoming_.emplace(id, std::move(a));
   cv_.notify_all();
   return id;
 }
@@ -85,53 +116,103 @@ void Engine::loop() {
     step();
   }
   // Shutdown: everything still known ends as cancelled.
-  std::vector<uint64_t> ids;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [id, r] : incoming_)
-      active_.emplace(id, std::make_unique<Active>(Active{std::move(r), {}, Sampler({}), 0, -1}));
+    for (auto& [id, a] : incoming_) active_.emplace(id, std::move(a));
     incoming_.clear();
   }
+  std::vector<uint64_t> ids;
   for (auto& [id, a] : active_) ids.push_back(id);
   for (uint64_t id : ids) finish(id, FinishReason::kCancelled, -1);
 }
 
-void Engine::finish(uint64_t id, FinishReason reason, int32_t token) {
+void Engine::finish(uint64_t id, FinishReason reason, int32_t token,
+                    std::span<const float> logits) {
   auto it = active_.find(id);
   if (it == active_.end()) return;
   Active& a = *it->second;
-  TokenEvent e;
-  e.token = token;
-  e.done = true;
-  e.reason = reason;
-  e.n_prompt = static_cast<int64_t>(a.req.prompt.size());
-  e.n_generated = a.n_generated;
   {
     std::lock_guard<std::mutex> lock(mu_);
     sched_.finish(id);  // before the event, so a caller woken by it sees the sequence gone
   }
-  if (a.req.on_event) a.req.on_event(e);
+  if (!a.internal) {
+    if (reason == FinishReason::kStop || reason == FinishReason::kLength) keep_turn(a);
+    TokenEvent e;
+    e.token = token;
+    e.done = true;
+    e.reason = reason;
+    e.n_prompt = static_cast<int64_t>(a.req.prompt.size());
+    e.n_cached = a.n_cached;
+    e.n_generated = a.n_generated;
+    e.logits = logits;
+    if (a.req.on_event) a.req.on_event(e);
+  }
   active_.erase(it);
+}
+
+// Queues an internal job that prefills this turn's reply from the longest kept prefix of
+// prompt + reply up to its last aligned position, and keeps the state there.
+void Engine::keep_turn(const Active& a) {
+  if (o_.state_cache_bytes == 0) return;
+  std::vector<int32_t> turn = a.req.prompt;
+  turn.insert(turn.end(), a.reply.begin(), a.reply.end());
+  const int64_t end = align_down(static_cast<int64_t>(turn.size()));
+  if (end == 0 || end >= o_.ctx_size || states_.contains(std::span(turn).first(end))) return;
+  auto job = make_active(GenerationRequest{});
+  job->internal = true;
+  MissReason reason;
+  const int64_t from = states_.find(turn, end - 1, &job->state, &reason, /*count=*/false);
+  if (from == 0) job->state = model_.new_state(o_.buffers);
+  job->req.prompt.assign(turn.begin(), turn.begin() + end);
+  job->cuts = {end};
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = next_id_++;
+  sched_.enqueue(id, from, end - from, job->cuts, /*internal=*/true);
+  job->n_cached = from;
+  incoming_.emplace(id, std::move(job));
+  ++stats_.keep_jobs;
+}
+
+// Makes the state of each newly admitted request: a copy of the longest kept prefix of its prompt
+// (leaving at least one token to feed, whose logits it samples from) or a fresh one.
+void Engine::admit(const std::vector<uint64_t>& ids) {
+  for (uint64_t id : ids) {
+    Active& a = *active_.at(id);
+    if (a.internal) continue;  // made with its state
+    const std::vector<int32_t>& p = a.req.prompt;
+    MissReason reason;
+    a.n_cached = states_.find(p, static_cast<int64_t>(p.size()) - 1, &a.state, &reason);
+    if (a.n_cached == 0) {
+      a.state = model_.new_state(o_.buffers);
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    sched_.resume(id, a.n_cached);
+  }
 }
 
 void Engine::step() {
   // Schedule (under the lock: submit/cancel touch the scheduler too).
-  StepPlan plan;
   std::vector<uint64_t> cancels;
   {
     std::lock_guard<std::mutex> lock(mu_);
     cancels.swap(cancels_);
-    for (auto& [id, r] : incoming_) {
-      Sampler sampler(r.sampling);
-      active_.emplace(id, std::make_unique<Active>(
-                              Active{std::move(r), model_.new_state(o_.buffers), sampler, 0, -1}));
-    }
+    for (auto& [id, a] : incoming_) active_.emplace(id, std::move(a));
     incoming_.clear();
   }
   for (uint64_t id : cancels) finish(id, FinishReason::kCancelled, -1);
+  std::vector<uint64_t> admitted;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    plan = sched_.schedule();
+    for (auto& [id, a] : incoming_) active_.emplace(id, std::move(a));  // keep jobs just queued
+    incoming_.clear();
+    admitted = sched_.admit();
+  }
+  admit(admitted);
+  StepPlan plan;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    plan = sched_.plan();
   }
   if (plan.empty()) return;
 
@@ -147,7 +228,7 @@ void Engine::step() {
   std::vector<float> logits;
   model_.forward(inputs, &logits, &pool_);
 
-  // Commit: sample where a row ends a prompt or decodes; emit; finish.
+  // Commit: keep states at cut points; sample where a row ends a prompt or decodes; emit; finish.
   {
     std::lock_guard<std::mutex> lock(mu_);
     sched_.commit(plan);
@@ -155,36 +236,50 @@ void Engine::step() {
   }
   const int64_t V = model_.config().vocab_size;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
-    const StepRow& r = plan.rows[i];
-    Active& a = *active_.at(r.seq);
-    if (!r.decode) {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.prompt_tokens += r.count;
-    }
-    if (!r.samples) continue;
-    const int32_t tok = a.sampler.sample(std::span<const float>(&logits[i * V], V));
-    const auto& stops = a.req.stop_tokens;
-    if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-      finish(r.seq, FinishReason::kStop, -1);
-      continue;
-    }
-    a.last = tok;
-    ++a.n_generated;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.generated_tokens;
-    }
-    const bool at_length = a.n_generated >= a.req.max_tokens || a.state.n_past + 1 >= o_.ctx_size;
-    if (at_length) {
-      finish(r.seq, FinishReason::kLength, tok);
-      continue;
-    }
-    TokenEvent e;
-    e.token = tok;
-    e.n_prompt = static_cast<int64_t>(a.req.prompt.size());
-    e.n_generated = a.n_generated;
-    if (a.req.on_event) a.req.on_event(e);
+    commit_row(plan.rows[i], std::span<const float>(&logits[i * V], V));
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.pool = states_.stats();
+}
+
+void Engine::commit_row(const StepRow& r, std::span<const float> logits) {
+  Active& a = *active_.at(r.seq);
+  const int64_t end = r.begin + r.count;
+  if (!r.decode) {
+    if (std::find(a.cuts.begin(), a.cuts.end(), end) != a.cuts.end())
+      states_.put(std::span<const int32_t>(a.req.prompt).first(end), a.state);
+    std::lock_guard<std::mutex> lock(mu_);
+    (a.internal ? stats_.keep_tokens : stats_.prompt_tokens) += r.count;
+  }
+  if (!r.samples) return;
+  if (a.internal) {
+    finish(r.seq, FinishReason::kStop, -1);  // its state is kept; nothing to sample
+    return;
+  }
+  const int32_t tok = a.sampler.sample(logits);
+  a.reply.push_back(tok);
+  const auto& stops = a.req.stop_tokens;
+  if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+    finish(r.seq, FinishReason::kStop, -1);
+    return;
+  }
+  a.last = tok;
+  ++a.n_generated;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.generated_tokens;
+  }
+  if (a.n_generated >= a.req.max_tokens || a.state.n_past + 1 >= o_.ctx_size) {
+    finish(r.seq, FinishReason::kLength, tok, logits);  // the last token travels on the final event
+    return;
+  }
+  TokenEvent e;
+  e.token = tok;
+  e.n_prompt = static_cast<int64_t>(a.req.prompt.size());
+  e.n_cached = a.n_cached;
+  e.n_generated = a.n_generated;
+  e.logits = logits;
+  if (a.req.on_event) a.req.on_event(e);
 }
 
 }  // namespace tf

@@ -5,6 +5,14 @@
 //   run:      ONE Model::forward over all rows of the step (the only code that computes);
 //   commit:   sample each row that ends a prompt or decodes, emit events, finish sequences.
 //
+// Kept states (runtime/state_pool.h): a request is admitted from the longest kept prefix of its
+// prompt and prefills only the rest. Its prefill is cut at the prompt's last 64-aligned position
+// (and at the aligned ends the caller names, e.g. the system prompt's), where the state is kept.
+// When a request ends, an internal job prefills its reply from the prompt's kept state up to the
+// last aligned position of prompt + reply and keeps that state too, so the next turn of the chat
+// resumes after this turn's reply. Every kept state is a prefill state at an aligned position, so
+// resumed == fresh, bit for bit.
+//
 // Requests arrive from any thread through submit(); events are delivered on the engine thread via
 // the request's callback, which must return quickly (hand the event to the waiting thread).
 #pragma once
@@ -16,12 +24,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include "model/model.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
+#include "runtime/state_pool.h"
 
 namespace tf {
 
@@ -33,8 +43,10 @@ struct TokenEvent {
   bool done = false;   // last event of the request
   FinishReason reason = FinishReason::kNone;
   int64_t n_prompt = 0;     // prompt tokens
-  int64_t n_cached = 0;     // prompt tokens reused from a kept state (0 until the pool lands)
+  int64_t n_cached = 0;     // prompt tokens reused from a kept state
   int64_t n_generated = 0;  // tokens generated so far (this one included)
+  // The logits [vocab] the token was sampled from; valid during the callback only.
+  std::span<const float> logits;
 };
 
 struct GenerationRequest {
@@ -42,20 +54,26 @@ struct GenerationRequest {
   SamplingParams sampling;
   int64_t max_tokens = 256;
   std::vector<int32_t> stop_tokens;  // sampling one ends the request (finish "stop"; not emitted)
+  // Prompt lengths at whose (64-aligned-down) ends a state should be kept besides the prompt's
+  // own, e.g. the end of the system prompt, which other chats share.
+  std::vector<int64_t> keep_prefixes;
   std::function<void(const TokenEvent&)> on_event;
 };
 
 struct EngineOptions {
   SchedulerOptions scheduler;
-  int64_t ctx_size = 16384;  // positions per sequence (prompt + generated)
-  int threads = 0;           // worker threads for the model (0 = all cores)
+  int64_t ctx_size = 16384;                    // positions per sequence (prompt + generated)
+  int threads = 0;                             // worker threads for the model (0 = all cores)
+  size_t state_cache_bytes = size_t{2} << 30;  // kept-state pool budget (0: no pool)
   // Follows every sequence-state and kept-snapshot buffer (the residency owner); nullptr: none.
   BufferObserver* buffers = nullptr;
 };
 
 struct EngineStats {
   uint64_t steps = 0, prompt_tokens = 0, generated_tokens = 0;
+  uint64_t keep_jobs = 0, keep_tokens = 0;  // internal prefills that extend kept states
   size_t waiting = 0, running = 0;
+  StatePoolStats pool;
 };
 
 class Engine {
@@ -80,25 +98,35 @@ class Engine {
 
  private:
   struct Active {
-    GenerationRequest req;
-    SequenceState state;
+    GenerationRequest req;  // for an internal job: prompt = the tokens to keep a state of
+    SequenceState state;    // made at admission (from a kept state or fresh)
     Sampler sampler;
+    std::vector<int64_t> cuts;  // aligned positions where the state is kept
+    bool internal = false;      // an internal keep job: no events, no sampling
+    int64_t n_cached = 0;
     int64_t n_generated = 0;
-    int32_t last = -1;  // last sampled token, fed by the next decode row
+    int32_t last = -1;           // last sampled token, fed by the next decode row
+    std::vector<int32_t> reply;  // every sampled token, the stop token included
   };
+  static std::unique_ptr<Active> make_active(GenerationRequest r);
   void loop();
   void step();
-  void finish(uint64_t id, FinishReason reason, int32_t token);
+  void admit(const std::vector<uint64_t>& ids);
+  void commit_row(const StepRow& r, std::span<const float> logits);
+  void finish(uint64_t id, FinishReason reason, int32_t token, std::span<const float> logits = {});
+  void keep_turn(const Active& a);
 
   const Model& model_;
   EngineOptions o_;
   ThreadPool pool_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  Scheduler sched_;                                 // guarded by mu_
-  std::map<uint64_t, GenerationRequest> incoming_;  // submitted, not yet seen by the engine thread
-  std::vector<uint64_t> cancels_;                   // guarded by mu_
+  Scheduler sched_;  // guarded by mu_
+  std::map<uint64_t, std::unique_ptr<Active>>
+      incoming_;                   // submitted, not yet seen by the engine thread
+  std::vector<uint64_t> cancels_;  // guarded by mu_
   std::map<uint64_t, std::unique_ptr<Active>> active_;  // engine thread only
+  StatePool states_;                                    // engine thread only
   uint64_t next_id_ = 1;
   bool stop_ = false;
   EngineStats stats_;

@@ -2,13 +2,30 @@
 
 #include <algorithm>
 
+#include "core/check.h"
+
 namespace tf {
 
-bool Scheduler::enqueue(uint64_t seq, int64_t n_past, int64_t n_prefill) {
+int64_t Scheduler::Seq::next_cut() const {
+  for (int64_t c : cuts) {
+    if (c > n_past && c < prompt_end) return c;
+  }
+  return prompt_end;
+}
+
+size_t Scheduler::counted() const {
+  auto external = [](const Seq& s) { return !s.internal; };
+  return static_cast<size_t>(std::count_if(running_.begin(), running_.end(), external) +
+                             std::count_if(waiting_.begin(), waiting_.end(), external));
+}
+
+bool Scheduler::enqueue(uint64_t seq, int64_t n_past, int64_t n_prefill, std::vector<int64_t> cuts,
+                        bool internal) {
   // Room for max_running sequences plus max_queue waiting ones (a free slot is not "queued").
   const size_t capacity = static_cast<size_t>(o_.max_running) + static_cast<size_t>(o_.max_queue);
-  if (running_.size() + waiting_.size() >= capacity) return false;
-  waiting_.push_back(Seq{seq, n_past, n_past + n_prefill});
+  if (!internal && counted() >= capacity) return false;
+  std::sort(cuts.begin(), cuts.end());
+  waiting_.push_back(Seq{seq, n_past, n_past + n_prefill, std::move(cuts), internal});
   return true;
 }
 
@@ -22,11 +39,26 @@ bool Scheduler::is_running(uint64_t seq) const {
   return std::any_of(running_.begin(), running_.end(), [seq](const Seq& s) { return s.id == seq; });
 }
 
-StepPlan Scheduler::schedule() {
+std::vector<uint64_t> Scheduler::admit() {
+  std::vector<uint64_t> ids;
   while (!waiting_.empty() && static_cast<int>(running_.size()) < o_.max_running) {
-    running_.push_back(waiting_.front());
+    running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
+    ids.push_back(running_.back().id);
   }
+  return ids;
+}
+
+void Scheduler::resume(uint64_t seq, int64_t n_past) {
+  for (Seq& s : running_) {
+    if (s.id != seq) continue;
+    TF_CHECK(n_past >= s.n_past && n_past < s.prompt_end, "resume seq {} at {} (n_past {}, end {})",
+             seq, n_past, s.n_past, s.prompt_end);
+    s.n_past = n_past;
+  }
+}
+
+StepPlan Scheduler::plan() const {
   StepPlan plan;
   int64_t budget = o_.batch_tokens;
   // Decode rows first: a long prompt never stalls the streams that are decoding.
@@ -38,7 +70,7 @@ StepPlan Scheduler::schedule() {
   }
   for (const Seq& s : running_) {
     if (s.decoding() || budget <= 0) continue;
-    const int64_t left = s.prompt_end - s.n_past;
+    const int64_t left = s.next_cut() - s.n_past;
     int64_t n = std::min(left, budget);
     if (n < left) {
       // Cut at the last alignment boundary inside the budget; if there is none, wait for a step
@@ -50,7 +82,7 @@ StepPlan Scheduler::schedule() {
         n = std::min(left, o_.prefill_align - s.n_past % o_.prefill_align);
       }
     }
-    plan.rows.push_back(StepRow{s.id, s.n_past, n, false, n == left});
+    plan.rows.push_back(StepRow{s.id, s.n_past, n, false, s.n_past + n == s.prompt_end});
     budget -= n;
   }
   return plan;

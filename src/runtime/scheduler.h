@@ -46,15 +46,28 @@ class Scheduler {
   explicit Scheduler(const SchedulerOptions& o) : o_(o) {}
 
   // Queues a request whose prompt still needs `n_prefill` tokens fed, starting at position
-  // `n_past` (> 0 when resumed from a kept state). False (nothing queued) when every slot is taken
-  // and max_queue requests already wait.
-  bool enqueue(uint64_t seq, int64_t n_past, int64_t n_prefill);
+  // `n_past`. `cuts` are positions (multiples of prefill_align) where a prefill chunk must end, so
+  // that the engine can keep a snapshot of the state there. False (nothing queued) when every slot
+  // is taken and max_queue requests already wait. An `internal` sequence (the engine's own work,
+  // e.g. extending a kept state) counts against no capacity.
+  bool enqueue(uint64_t seq, int64_t n_past, int64_t n_prefill, std::vector<int64_t> cuts = {},
+               bool internal = false);
   // Forgets a sequence wherever it is (waiting or running). Unknown ids are ignored.
   void cancel(uint64_t seq);
 
-  // Plans the next step: admits waiting sequences FIFO, one decode row per decoding sequence (in
-  // admission order), then prefill chunks FIFO within the remaining budget.
-  StepPlan schedule();
+  // Plans the next step: admit() then plan().
+  StepPlan schedule() {
+    admit();
+    return plan();
+  }
+  // Admits waiting sequences FIFO into free slots; returns their ids, in order.
+  std::vector<uint64_t> admit();
+  // Moves an admitted sequence that has not run yet to position n_past (it resumes from a kept
+  // state there); n_past must be a cut-free point before the prompt's end.
+  void resume(uint64_t seq, int64_t n_past);
+  // One decode row per decoding sequence (in admission order), then prefill chunks FIFO within
+  // the remaining budget, each ending at an aligned position, a cut or the prompt's end.
+  StepPlan plan() const;
   // Records that the plan ran: advances positions, moves sequences whose prompt is done to
   // decoding. Call finish() for sequences that ended in this step (stop, length, cancel).
   void commit(const StepPlan& plan);
@@ -68,10 +81,14 @@ class Scheduler {
  private:
   struct Seq {
     uint64_t id;
-    int64_t n_past;      // positions already in the sequence's state
-    int64_t prompt_end;  // position after the last prompt token
+    int64_t n_past;             // positions already in the sequence's state
+    int64_t prompt_end;         // position after the last prompt token
+    std::vector<int64_t> cuts;  // ascending
+    bool internal = false;
     bool decoding() const { return n_past >= prompt_end; }
+    int64_t next_cut() const;  // first cut after n_past, or prompt_end
   };
+  size_t counted() const;  // sequences that count against the capacity
   SchedulerOptions o_;
   std::deque<Seq> waiting_;
   std::vector<Seq> running_;  // admission order

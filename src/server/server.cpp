@@ -110,6 +110,7 @@ struct Generation {
   std::string id;       // "chatcmpl-..." / "cmpl-..."
   int64_t created = 0;  // unix seconds
   int64_t n_generated = 0, n_cached = 0;
+  int64_t keep_prefix = 0;  // the system turn's tokens (a kept-state point), 0: none
   std::string finish_reason;
   bool done = false;
   Clock::time_point start, first_token, last_token;
@@ -169,6 +170,7 @@ class Service {
     eo.scheduler.max_queue = o_.max_queue;
     eo.ctx_size = o_.ctx_size;
     eo.threads = o_.threads;
+    eo.state_cache_bytes = o_.state_cache_bytes;
     engine_ = std::make_unique<Engine>(*model_, eo);
     ready_ = true;
     spdlog::info("model {} loaded from {} in {:.2f} s ({} layers, vocab {}); serving",
@@ -243,6 +245,40 @@ class Service {
         "gauge\n"
         "tensorfold_model_loaded {}\n",
         s.waiting, s.running, s.steps, ready_ ? 1 : 0);
+    const StatePoolStats& p = s.pool;
+    out += fmt::format(
+        "# HELP tensorfold_state_cache_hits_total Requests resumed from a kept state.\n"
+        "# TYPE tensorfold_state_cache_hits_total counter\n"
+        "tensorfold_state_cache_hits_total {}\n"
+        "# HELP tensorfold_state_cache_misses_total Requests that found no kept state, by reason.\n"
+        "# TYPE tensorfold_state_cache_misses_total counter\n",
+        p.hits);
+    for (MissReason r : {MissReason::kNoPrefix, MissReason::kEvicted, MissReason::kTooShort,
+                         MissReason::kDisabled}) {
+      out += fmt::format("tensorfold_state_cache_misses_total{{reason=\"{}\"}} {}\n",
+                         miss_reason_name(r), p.misses[static_cast<int>(r)]);
+    }
+    out += fmt::format(
+        "# HELP tensorfold_state_cache_cached_tokens_total Prompt tokens not recomputed.\n"
+        "# TYPE tensorfold_state_cache_cached_tokens_total counter\n"
+        "tensorfold_state_cache_cached_tokens_total {}\n"
+        "# HELP tensorfold_state_cache_entries Kept states.\n"
+        "# TYPE tensorfold_state_cache_entries gauge\ntensorfold_state_cache_entries {}\n"
+        "# HELP tensorfold_state_cache_bytes Bytes of kept states (budget: "
+        "tensorfold_state_cache_budget_bytes).\n"
+        "# TYPE tensorfold_state_cache_bytes gauge\ntensorfold_state_cache_bytes {}\n"
+        "# HELP tensorfold_state_cache_budget_bytes --state-cache-bytes.\n"
+        "# TYPE tensorfold_state_cache_budget_bytes gauge\n"
+        "tensorfold_state_cache_budget_bytes {}\n"
+        "# HELP tensorfold_state_cache_evictions_total Kept states evicted (least recently "
+        "used first).\n"
+        "# TYPE tensorfold_state_cache_evictions_total counter\n"
+        "tensorfold_state_cache_evictions_total {}\n"
+        "# HELP tensorfold_state_cache_keep_tokens_total Reply tokens prefilled to keep the state "
+        "at a turn's end.\n"
+        "# TYPE tensorfold_state_cache_keep_tokens_total counter\n"
+        "tensorfold_state_cache_keep_tokens_total {}\n",
+        p.cached_tokens, p.entries, p.bytes, p.max_bytes, p.evictions, s.keep_tokens);
     res.set_content(out, "text/plain; version=0.0.4");
   }
 
@@ -312,6 +348,25 @@ class Service {
     ++metrics_.requests[{endpoint, status}];
   }
 
+  // The length of the system turn as the start of `prompt` (0 when there is none or it does not
+  // render as a prefix): the engine keeps a state there, which other chats with the same system
+  // prompt resume from.
+  int64_t system_prompt_tokens(const ApiRequest& a, tok::ChatOptions co,
+                               const std::vector<int32_t>& prompt) const {
+    if (!a.messages.is_array() || a.messages.size() < 2 ||
+        a.messages[0].value("role", "") != "system")
+      return 0;
+    co.add_generation_prompt = false;
+    auto text = template_->render(nlohmann::ordered_json::array({a.messages[0]}), a.tools, co,
+                                  a.template_kwargs);
+    if (!text) return 0;
+    auto ids = tokenizer_->encode(*text);
+    if (!ids || ids->size() > prompt.size() ||
+        !std::equal(ids->begin(), ids->end(), prompt.begin()))
+      return 0;
+    return static_cast<int64_t>(ids->size());
+  }
+
   // Renders and tokenizes the prompt; checks the model name and the context.
   std::optional<ApiError> prepare(Generation& g) {
     ApiRequest& a = g.api;
@@ -338,6 +393,7 @@ class Service {
       if (!ids)
         return ApiError{400, ids.status().message(), "invalid_request_error", "messages", ""};
       g.prompt = std::move(*ids);
+      g.keep_prefix = system_prompt_tokens(a, co, g.prompt);
     } else if (a.prompt_is_ids) {
       g.prompt = a.prompt_ids;
       for (int32_t t : g.prompt) {
@@ -385,6 +441,7 @@ class Service {
     const int64_t room = o_.ctx_size - static_cast<int64_t>(g->prompt.size());
     r.max_tokens = g->api.max_tokens > 0 ? std::min(g->api.max_tokens, room) : room;
     if (!g->api.ignore_eos) r.stop_tokens = stop_tokens_;
+    if (g->keep_prefix > 0) r.keep_prefixes = {g->keep_prefix};
     std::weak_ptr<Channel> ch = g->channel;
     r.on_event = [ch](const TokenEvent& e) {
       if (auto c = ch.lock()) c->push(e);

@@ -14,18 +14,19 @@ struct ServerOptions {
   std::string model_name;  // the id clients send; default: the directory's name
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string api_key;                      // empty: no authentication
-  int parallel = 4;                         // sequences decoded at once
-  int batch_tokens = 512;                   // tokens per engine step
-  int max_queue = 64;                       // waiting requests before 429
-  int64_t ctx_size = 16384;                 // positions per sequence
-  int threads = 0;                          // model worker threads (0 = all cores)
-  int http_threads = 64;                    // connections served at once
-  size_t max_body_bytes = 8 << 20;          // larger bodies get 413
-  bool enable_thinking = true;              // default of chat_template_kwargs.enable_thinking
-  std::string reasoning_format = "parsed";  // "parsed" (reasoning_content) or "inline"
-  int keepalive_ms = 2000;                  // SSE comment interval while nothing is produced
-  bool log_json = false;                    // one JSON object per log line
+  std::string api_key;                         // empty: no authentication
+  int parallel = 4;                            // sequences decoded at once
+  int batch_tokens = 512;                      // tokens per engine step
+  int max_queue = 64;                          // waiting requests before 429
+  int64_t ctx_size = 16384;                    // positions per sequence
+  int threads = 0;                             // model worker threads (0 = all cores)
+  size_t state_cache_bytes = size_t{2} << 30;  // kept-state pool budget (0: off)
+  int http_threads = 64;                       // connections served at once
+  size_t max_body_bytes = 8 << 20;             // larger bodies get 413
+  bool enable_thinking = true;                 // default of chat_template_kwargs.enable_thinking
+  std::string reasoning_format = "parsed";     // "parsed" (reasoning_content) or "inline"
+  int keepalive_ms = 2000;                     // SSE comment interval while nothing is produced
+  bool log_json = false;                       // one JSON object per log line
 };
 
 // Runs until SIGINT/SIGTERM (then stops accepting, ends in-flight streams and returns 0) or a
