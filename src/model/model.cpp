@@ -213,7 +213,9 @@ void Model::deltanet_layer(const LayerWeights& L, int64_t li, std::span<const St
     }
     const cpu::DeltaArgs args{q.data(), k.data(), v.data(), gl.data(),   beta.data(),      T, Hk,
                               Hv,       Dk,       Dv,       st.S.data(), &o[row * Hv * Dv]};
-    if (T == 1)
+    const bool recurrent = in.form == DeltaForm::kAuto ? T == 1 : in.form == DeltaForm::kRecurrent;
+    TF_CHECK(!recurrent || T == 1, "the recurrent form takes one token, got {}", T);
+    if (recurrent)
       cpu::delta_rule_recurrent(args, pool);
     else
       cpu::delta_rule_chunked(args, in.state->n_past, kDeltaChunk, pool);

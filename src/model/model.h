@@ -40,11 +40,17 @@ struct SequenceState {
   size_t bytes() const;
 };
 
+// Which form of the gated delta rule a step uses. Prompts use the chunked form (chunks ending at
+// absolute multiples of kDeltaChunk), even for a 1-token piece of a prompt, so a prompt split
+// over steps computes what one prefill computes; decode rows use the recurrent form.
+enum class DeltaForm { kAuto, kChunked, kRecurrent };  // kAuto: recurrent iff one token
+
 // One sequence's part of a batched step.
 struct StepInput {
   SequenceState* state;
   std::span<const int32_t> tokens;  // new tokens, fed at positions state->n_past ...
   bool all_logits = false;          // logits for every token (else only the last)
+  DeltaForm form = DeltaForm::kAuto;
 };
 
 class Model {

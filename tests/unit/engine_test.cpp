@@ -7,29 +7,13 @@
 #include <gtest/gtest.h>
 
 #include "runtime/engine.h"
+#include "unit/engine_util.h"
 #include "unit/test_util.h"
 
 namespace tf {
 namespace {
 
-// Collects one request's events; wait() blocks until the final one.
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  FinishReason reason = FinishReason::kNone;
-  bool done = false;
-  void on_event(const TokenEvent& e) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (e.token >= 0) tokens.push_back(e.token);
-    if (e.done) done = true, reason = e.reason;
-    cv.notify_all();
-  }
-  void wait() {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return done; }));
-  }
-};
+using testing::Collector;
 
 class EngineTest : public ::testing::Test {
  protected:

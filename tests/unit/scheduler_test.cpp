@@ -92,5 +92,39 @@ TEST(Scheduler, TinyBudget) {
   expect_rows(p, {{1, 64, 36, false}}, 1);  // over budget again: rest of the prompt (<= 64)
 }
 
+// Keep points: prefill chunks end at each cut (where the engine keeps a state) even when the
+// budget would run past it; a resumed sequence starts at its kept position.
+TEST(Scheduler, CutsAndResume) {
+  Scheduler s({.max_running = 2, .batch_tokens = 512, .max_queue = 8, .prefill_align = 64});
+  ASSERT_TRUE(s.enqueue(1, 0, 200, {192, 64}));
+  ASSERT_TRUE(s.enqueue(2, 0, 150, {128}));
+  EXPECT_EQ(s.admit(), (std::vector<uint64_t>{1, 2}));
+  s.resume(2, 128);  // 2 found a kept state of its first 128 tokens
+  const std::vector<std::vector<R>> table = {
+      {{1, 0, 64, false}, {2, 128, 22, false}},  // 1 stops at its cut; 2 prefills only the rest
+      {{2, 150, 1, true}, {1, 64, 128, false}},  // 1 runs to its next cut
+      {{2, 151, 1, true}, {1, 192, 8, false}},   // and then to the prompt's end
+      {{1, 200, 1, true}, {2, 152, 1, true}},
+  };
+  for (size_t i = 0; i < table.size(); ++i) {
+    const StepPlan p = s.plan();
+    expect_rows(p, table[i], static_cast<int>(i));
+    for (const StepRow& r : p.rows)  // only prompt ends and decodes sample
+      EXPECT_EQ(r.samples, r.decode || r.begin + r.count == (r.seq == 1 ? 200 : 150)) << i;
+    s.commit(p);
+  }
+}
+
+// Internal sequences (the engine's keep jobs) take no queue capacity: requests are admitted or
+// refused as if they were not there.
+TEST(Scheduler, InternalSequencesTakeNoCapacity) {
+  Scheduler s({.max_running = 1, .batch_tokens = 64, .max_queue = 1, .prefill_align = 64});
+  EXPECT_TRUE(s.enqueue(7, 0, 64, {64}, /*internal=*/true));
+  EXPECT_TRUE(s.enqueue(1, 0, 3));
+  EXPECT_TRUE(s.enqueue(2, 0, 3));
+  EXPECT_FALSE(s.enqueue(3, 0, 3));
+  EXPECT_EQ(s.waiting(), 3u);
+}
+
 }  // namespace
 }  // namespace tf

@@ -1,0 +1,63 @@
+// Helpers for tests that drive the Engine: a collector of one request's events.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/engine.h"
+
+namespace tf::testing {
+
+// Collects one request's events (tokens, and the logits each was sampled from); wait() blocks
+// until the final one.
+struct Collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // one row per collected token
+  FinishReason reason = FinishReason::kNone;
+  int64_t n_cached = -1;
+  bool done = false;
+  void on_event(const TokenEvent& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (e.token >= 0) {
+      tokens.push_back(e.token);
+      logits.emplace_back(e.logits.begin(), e.logits.end());
+    }
+    n_cached = e.n_cached;
+    if (e.done) done = true, reason = e.reason;
+    cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return done; }));
+  }
+  std::function<void(const TokenEvent&)> callback() {
+    return [this](const TokenEvent& e) { on_event(e); };
+  }
+};
+
+// Bitwise equality of two logits rows (memcmp semantics: NaN patterns and -0 count).
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Waits until the engine has nothing queued or running (internal keep jobs included).
+inline void wait_idle(const Engine& e) {
+  for (int i = 0; i < 60000; ++i) {
+    const EngineStats s = e.stats();
+    if (s.waiting == 0 && s.running == 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  FAIL() << "engine not idle after 60 s";
+}
+
+}  // namespace tf::testing
