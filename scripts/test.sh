@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Sets up, builds (release and ASan+UBSan) and runs the whole test suite in parallel.
-# Labels: unit, golden, faults, format. `scripts/test.sh -L unit` passes arguments on to ctest.
+# Sets up, builds (release and ASan+UBSan) and runs the whole test suite in parallel, then the
+# runtime tests (threads: scheduler, engine, kept-state pool) under ThreadSanitizer.
+# Labels: unit, runtime, golden, tokenizer, server, faults, format. `scripts/test.sh -L unit`
+# passes arguments on to ctest (the TSan run always takes the runtime label).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -14,4 +16,8 @@ for preset in release asan; do
   echo "== ctest ($preset)"
   (cd "build/$preset" && ctest -j "$jobs" --output-on-failure --timeout 900 "$@") || status=1
 done
+echo "== ctest (tsan, runtime)"
+cmake --preset tsan >/dev/null
+cmake --build --preset tsan -j "$jobs"
+(cd build/tsan && ctest -j "$jobs" --output-on-failure --timeout 900 -L runtime) || status=1
 exit $status
