@@ -7,6 +7,7 @@ namespace tf::app {
 
 void add_generate(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_bench_engine(CLI::App& app);
 void add_make_checkpoint(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_template(CLI::App& app);

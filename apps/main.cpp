@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   tf::app::add_generate(app);
   tf::app::add_bench(app);
+  tf::app::add_bench_engine(app);
   tf::app::add_make_checkpoint(app);
   tf::app::add_tokenize(app);
   tf::app::add_template(app);
