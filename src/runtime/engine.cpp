@@ -126,6 +126,16 @@ void Engine::loop() {
   for (uint64_t id : ids) finish(id, FinishReason::kCancelled, -1);
 }
 
+TokenEvent Engine::event(const Active& a, int32_t token, std::span<const float> logits) {
+  TokenEvent e;
+  e.token = token;
+  e.n_prompt = static_cast<int64_t>(a.req.prompt.size());
+  e.n_cached = a.n_cached;
+  e.n_generated = a.n_generated;
+  e.logits = logits;
+  return e;
+}
+
 void Engine::finish(uint64_t id, FinishReason reason, int32_t token,
                     std::span<const float> logits) {
   auto it = active_.find(id);
@@ -137,14 +147,9 @@ void Engine::finish(uint64_t id, FinishReason reason, int32_t token,
   }
   if (!a.internal) {
     if (reason == FinishReason::kStop || reason == FinishReason::kLength) keep_turn(a);
-    TokenEvent e;
-    e.token = token;
+    TokenEvent e = event(a, token, logits);
     e.done = true;
     e.reason = reason;
-    e.n_prompt = static_cast<int64_t>(a.req.prompt.size());
-    e.n_cached = a.n_cached;
-    e.n_generated = a.n_generated;
-    e.logits = logits;
     if (a.req.on_event) a.req.on_event(e);
   }
   active_.erase(it);
@@ -274,13 +279,7 @@ void Engine::commit_row(const StepRow& r, std::span<const float> logits) {
     finish(r.seq, FinishReason::kLength, tok, logits);  // the last token travels on the final event
     return;
   }
-  TokenEvent e;
-  e.token = tok;
-  e.n_prompt = static_cast<int64_t>(a.req.prompt.size());
-  e.n_cached = a.n_cached;
-  e.n_generated = a.n_generated;
-  e.logits = logits;
-  if (a.req.on_event) a.req.on_event(e);
+  if (a.req.on_event) a.req.on_event(event(a, tok, logits));
 }
 
 }  // namespace tf

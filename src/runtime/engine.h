@@ -109,6 +109,7 @@ class Engine {
     std::vector<int32_t> reply;  // every sampled token, the stop token included
   };
   static std::unique_ptr<Active> make_active(GenerationRequest r);
+  static TokenEvent event(const Active& a, int32_t token, std::span<const float> logits);
   void loop();
   void step();
   void admit(const std::vector<uint64_t>& ids);

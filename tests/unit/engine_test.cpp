@@ -15,14 +15,8 @@ namespace {
 
 using testing::Collector;
 
-class EngineTest : public ::testing::Test {
+class EngineTest : public testing::SmallModelTest {
  protected:
-  void SetUp() override {
-    testing::write_small_checkpoint(dir_.path("m"));
-    auto m = Model::load(dir_.path("m"));
-    ASSERT_TRUE(m.is_ok());
-    model_ = std::move(*m);
-  }
   std::vector<int32_t> prompt(int n, int seed) const {
     std::vector<int32_t> p(n);
     for (int i = 0; i < n; ++i) p[i] = (i * 13 + seed * 7 + 1) % 96;
@@ -50,8 +44,6 @@ class EngineTest : public ::testing::Test {
     }
     return out;
   }
-  testing::TempDir dir_;
-  std::unique_ptr<Model> model_;
 };
 
 // Every request's greedy tokens are the same alone or among 6 others with chunked prefill sharing

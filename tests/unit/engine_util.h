@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/engine.h"
+#include "unit/test_util.h"
 
 namespace tf::testing {
 
@@ -59,5 +60,18 @@ inline void wait_idle(const Engine& e) {
   }
   FAIL() << "engine not idle after 60 s";
 }
+
+// A fixture holding the small random model of test_util.h.
+class SmallModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    write_small_checkpoint(dir_.path("m"));
+    auto m = Model::load(dir_.path("m"));
+    ASSERT_TRUE(m.is_ok());
+    model_ = std::move(*m);
+  }
+  TempDir dir_;
+  std::unique_ptr<Model> model_;
+};
 
 }  // namespace tf::testing

@@ -24,14 +24,8 @@ namespace {
 using testing::Collector;
 using testing::same_bits;
 
-class KeptStateTest : public ::testing::Test {
+class KeptStateTest : public testing::SmallModelTest {
  protected:
-  void SetUp() override {
-    testing::write_small_checkpoint(dir_.path("m"));
-    auto m = Model::load(dir_.path("m"));
-    ASSERT_TRUE(m.is_ok());
-    model_ = std::move(*m);
-  }
   // A state after `tokens`, computed by one prefill.
   SequenceState prefilled(const std::vector<int32_t>& tokens) const {
     SequenceState s = model_->new_state();
@@ -66,8 +60,6 @@ class KeptStateTest : public ::testing::Test {
     c.wait();
     return Result{c.tokens, c.logits, c.n_cached, c.reason};
   }
-  testing::TempDir dir_;
-  std::unique_ptr<Model> model_;
 };
 
 TEST_F(KeptStateTest, PoolFindsTheLongestExactPrefixAndCopies) {
