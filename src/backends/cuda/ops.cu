@@ -2,6 +2,8 @@
 // on the number of rows, so every row is computed by the same instructions in any batch.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "backends/cuda/check.h"
 #include "backends/cuda/ops.h"
 
@@ -84,8 +86,8 @@ __global__ void matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t col
   if (lane == 0) y[t * rows + r] = acc;
 }
 
-__global__ void silu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u,
-                                int64_t n, float* __restrict__ y) {
+__global__ void silu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n,
+                                float* __restrict__ y) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
@@ -107,6 +109,190 @@ __global__ void rope_neox_kernel(float* __restrict__ x, int64_t n_heads, int64_t
   }
 }
 
+template <class E>
+__global__ void embed_rows_kernel(const E* __restrict__ embed, int64_t dim,
+                                  const int32_t* __restrict__ ids, float* __restrict__ y) {
+  const E* row = embed + static_cast<int64_t>(ids[blockIdx.x]) * dim;
+  float* out = y + blockIdx.x * dim;
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+    if constexpr (sizeof(E) == 2)
+      out[d] = __bfloat162float(row[d]);
+    else
+      out[d] = row[d];
+  }
+}
+
+// One block per row, as rmsnorm_zc.
+__global__ void rmsnorm_gated_kernel(const float* __restrict__ x, const float* __restrict__ z,
+                                     const float* __restrict__ w, int64_t dim, float eps,
+                                     float* __restrict__ y) {
+  __shared__ float scratch[kNormThreads / kWarp];
+  const float* xr = x + blockIdx.x * dim;
+  const float* zr = z + blockIdx.x * dim;
+  float ss = 0;
+  for (int64_t d = threadIdx.x; d < dim; d += kNormThreads) ss = fmaf(xr[d], xr[d], ss);
+  ss = block_sum<kNormThreads>(ss, scratch);
+  const float r = rsqrtf(ss / static_cast<float>(dim) + eps);
+  float* yr = y + blockIdx.x * dim;
+  for (int64_t d = threadIdx.x; d < dim; d += kNormThreads) {
+    const float zz = zr[d];
+    yr[d] = w[d] * (xr[d] * r) * (zz / (1.0f + expf(-zz)));
+  }
+}
+
+__global__ void l2norm_scale_kernel(float* __restrict__ x, int64_t dim, float eps, float scale) {
+  __shared__ float scratch[kNormThreads / kWarp];
+  float* xr = x + blockIdx.x * dim;
+  float ss = 0;
+  for (int64_t d = threadIdx.x; d < dim; d += kNormThreads) ss = fmaf(xr[d], xr[d], ss);
+  ss = block_sum<kNormThreads>(ss, scratch);
+  const float r = rsqrtf(ss + eps);
+  for (int64_t d = threadIdx.x; d < dim; d += kNormThreads) xr[d] = xr[d] * r * scale;
+}
+
+__global__ void causal_conv_silu_kernel(const float* __restrict__ in, const float* __restrict__ w,
+                                        int64_t T, int64_t C, int64_t K, float* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * C) return;
+  const int64_t t = i / C, c = i % C;
+  float acc = 0;
+  for (int64_t j = 0; j < K; ++j) acc = fmaf(w[c * K + j], in[(t + j) * C + c], acc);
+  out[i] = acc / (1.0f + expf(-acc));
+}
+
+// Block h, thread j < Dv: column j of head h's state S[h] [Dk, Dv].
+__global__ void delta_rule_recurrent_kernel(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ g, const float* __restrict__ beta, int64_t T, int64_t Hk, int64_t Hv,
+    int64_t Dk, int64_t Dv, float* __restrict__ S, float* __restrict__ out) {
+  const int64_t h = blockIdx.x, r = Hv / Hk;
+  float* Sh = S + h * Dk * Dv;
+  for (int64_t j = threadIdx.x; j < Dv; j += blockDim.x) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float* qt = q + (t * Hk + h / r) * Dk;
+      const float* kt = k + (t * Hk + h / r) * Dk;
+      const float decay = expf(g[t * Hv + h]), b = beta[t * Hv + h];
+      float kv = 0;
+      for (int64_t i = 0; i < Dk; ++i) kv = fmaf(Sh[i * Dv + j] * decay, kt[i], kv);
+      const float d = b * (v[(t * Hv + h) * Dv + j] - kv);
+      float o = 0;
+      for (int64_t i = 0; i < Dk; ++i) {
+        const float s = fmaf(kt[i], d, Sh[i * Dv + j] * decay);
+        Sh[i * Dv + j] = s;
+        o = fmaf(s, qt[i], o);
+      }
+      out[(t * Hv + h) * Dv + j] = o;
+    }
+  }
+}
+
+// Block (t, head): thread l scores key tile0 + l; then every thread d < D accumulates
+// sum_j p_j v[j, d] over the tile's keys in order, rescaled when the running max grows.
+constexpr int kAttnTile = 128;
+__global__ void attention_kernel(const float* __restrict__ q, const int64_t* __restrict__ pos,
+                                 const float* __restrict__ kc, const float* __restrict__ vc,
+                                 int64_t n_heads, int64_t n_kv, int64_t D, float scale,
+                                 float* __restrict__ out) {
+  extern __shared__ float smem[];  // q [D] | p [kAttnTile] | reduce scratch [kAttnTile / 32]
+  float* qs = smem;
+  float* p = smem + D;
+  float* scratch = p + kAttnTile;
+  const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads, kvh = h / (n_heads / n_kv);
+  const float* qv = q + (t * n_heads + h) * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) qs[d] = qv[d];
+  __syncthreads();
+  const int64_t L = pos[t] + 1;
+  float m = -INFINITY, sum = 0;
+  float acc[4] = {0, 0, 0, 0};  // dims threadIdx.x + 128 u, D <= 512
+  for (int64_t tile = 0; tile < L; tile += kAttnTile) {
+    const int64_t j = tile + threadIdx.x;
+    float sc = -INFINITY;
+    if (j < L) {
+      const float* kj = kc + (j * n_kv + kvh) * D;
+      float dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot = fmaf(qs[d], kj[d], dot);
+      sc = dot * scale;
+    }
+    // Tile max by a fixed tree.
+    float tm = sc;
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, o));
+    if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = tm;
+    __syncthreads();
+    tm = scratch[0];
+    for (int w = 1; w < kAttnTile / kWarp; ++w) tm = fmaxf(tm, scratch[w]);
+    __syncthreads();
+    const float m_new = fmaxf(m, tm);
+    const float pj = j < L ? expf(sc - m_new) : 0.0f;
+    p[threadIdx.x] = pj;
+    const float tsum = block_sum<kAttnTile>(pj, scratch);  // its barriers also publish p
+    const float rescale = expf(m - m_new);
+    sum = sum * rescale + tsum;
+    const int64_t n = L - tile < kAttnTile ? L - tile : kAttnTile;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t d = threadIdx.x + u * kAttnTile;
+      if (d >= D) continue;
+      float a = acc[u] * rescale;
+      for (int64_t jj = 0; jj < n; ++jj) a = fmaf(p[jj], vc[((tile + jj) * n_kv + kvh) * D + d], a);
+      acc[u] = a;
+    }
+    m = m_new;
+    __syncthreads();
+  }
+  float* o = out + (t * n_heads + h) * D;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int64_t d = threadIdx.x + u * kAttnTile;
+    if (d < D) o[d] = acc[u] / sum;
+  }
+}
+
+// One thread per token.
+__global__ void route_topk_kernel(const float* __restrict__ logits, int64_t n, int64_t E, int64_t k,
+                                  bool renorm, int32_t* __restrict__ experts,
+                                  float* __restrict__ weights) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  const float* l = logits + t * E;
+  float m = -INFINITY;
+  for (int64_t e = 0; e < E; ++e) m = fmaxf(m, l[e]);
+  float sum = 0;
+  for (int64_t e = 0; e < E; ++e) sum += expf(l[e] - m);
+  int32_t* ex = experts + t * k;
+  float* wt = weights + t * k;
+  float wsum = 0;
+  for (int64_t s = 0; s < k; ++s) {
+    int32_t best = -1;
+    float bv = -INFINITY;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t u = 0; u < s; ++u) taken = taken || ex[u] == e;
+      if (!taken && (best < 0 || l[e] > bv)) best = static_cast<int32_t>(e), bv = l[e];
+    }
+    ex[s] = best;
+    wt[s] = expf(bv - m) / sum;
+    wsum += wt[s];
+  }
+  if (renorm)
+    for (int64_t s = 0; s < k; ++s) wt[s] /= wsum;
+}
+
+__global__ void mul_sigmoid_kernel(float* __restrict__ x, const float* __restrict__ gate,
+                                   int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= 1.0f / (1.0f + expf(-gate[i]));
+}
+
+__global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+
+unsigned blocks_for(int64_t n, unsigned threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
 }  // namespace
 
 void rmsnorm_zc(const float* x, const float* w, int64_t n, int64_t dim, float eps, float* y,
@@ -126,8 +312,8 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
   const unsigned threads = kWarpsPerBlock * kWarp;
   switch (wtype) {
     case DType::kBF16:
-      matmul_kernel<<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(w), rows,
-                                                  cols, x, y);
+      matmul_kernel<<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(w), rows, cols,
+                                                  x, y);
       break;
     case DType::kF32:
       matmul_kernel<<<grid, threads, 0, stream>>>(static_cast<const float*>(w), rows, cols, x, y);
@@ -141,8 +327,7 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
 void silu_mul(const float* g, const float* u, int64_t n, float* y, cudaStream_t stream) {
   if (n == 0) return;
   const unsigned threads = 256;
-  silu_mul_kernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads, 0, stream>>>(
-      g, u, n, y);
+  silu_mul_kernel<<<blocks_for(n, threads), threads, 0, stream>>>(g, u, n, y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -151,6 +336,80 @@ void rope_neox(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t r
   if (T == 0) return;
   rope_neox_kernel<<<static_cast<unsigned>(T), 128, 0, stream>>>(x, n_heads, head_dim,
                                                                  rotary_dim / 2, inv_freq, pos);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void embed_rows(DType etype, const void* embed, int64_t dim, const int32_t* ids, int64_t n,
+                float* y, cudaStream_t stream) {
+  if (n == 0) return;
+  TF_CUDA_REQUIRE(etype == DType::kBF16 || etype == DType::kF32, "embed_rows: bf16 or f32");
+  if (etype == DType::kBF16)
+    embed_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(embed), dim, ids, y);
+  else
+    embed_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(
+        static_cast<const float*>(embed), dim, ids, y);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void rmsnorm_gated(const float* x, const float* z, const float* w, int64_t n, int64_t dim,
+                   float eps, float* y, cudaStream_t stream) {
+  if (n == 0) return;
+  rmsnorm_gated_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, z, w, dim, eps, y);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void l2norm_scale(float* x, int64_t n, int64_t dim, float eps, float scale, cudaStream_t stream) {
+  if (n == 0) return;
+  l2norm_scale_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, dim, eps, scale);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void causal_conv_silu(const float* in, const float* w, int64_t T, int64_t C, int64_t K, float* out,
+                      cudaStream_t stream) {
+  if (T * C == 0) return;
+  causal_conv_silu_kernel<<<blocks_for(T * C, 256), 256, 0, stream>>>(in, w, T, C, K, out);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g,
+                          const float* beta, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
+                          int64_t Dv, float* S, float* out, cudaStream_t stream) {
+  if (T == 0) return;
+  const unsigned threads = static_cast<unsigned>(std::min<int64_t>(Dv, 256));
+  delta_rule_recurrent_kernel<<<static_cast<unsigned>(Hv), threads, 0, stream>>>(
+      q, k, v, g, beta, T, Hk, Hv, Dk, Dv, S, out);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cache,
+               const float* v_cache, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
+               float* out, cudaStream_t stream) {
+  if (T == 0) return;
+  TF_CUDA_REQUIRE(D <= 4 * kAttnTile, "attention: head_dim above 512");
+  const size_t smem = (D + kAttnTile + kAttnTile / kWarp) * sizeof(float);
+  attention_kernel<<<static_cast<unsigned>(T * n_heads), kAttnTile, smem, stream>>>(
+      q, pos, k_cache, v_cache, n_heads, n_kv, D, scale, out);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void route_topk(const float* logits, int64_t n, int64_t E, int64_t k, bool renorm, int32_t* experts,
+                float* weights, cudaStream_t stream) {
+  if (n == 0) return;
+  route_topk_kernel<<<blocks_for(n, 128), 128, 0, stream>>>(logits, n, E, k, renorm, experts,
+                                                            weights);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  mul_sigmoid_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, gate, n);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void add(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -35,4 +35,46 @@ void silu_mul(const float* g, const float* u, int64_t n, float* y, cudaStream_t 
 void rope_neox(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rotary_dim,
                const float* inv_freq, const int64_t* pos, cudaStream_t stream);
 
+// y[t] = embed[ids[t]] as fp32: embed [vocab, dim] in `etype`, ids [n] (device), y [n, dim].
+void embed_rows(DType etype, const void* embed, int64_t dim, const int32_t* ids, int64_t n,
+                float* y, cudaStream_t stream);
+
+// Gated RMSNorm of Gated DeltaNet per row of `dim`: y = x * rsqrt(mean(x^2) + eps) * w * silu(z).
+void rmsnorm_gated(const float* x, const float* z, const float* w, int64_t n, int64_t dim,
+                   float eps, float* y, cudaStream_t stream);
+
+// In place: x = x * rsqrt(sum(x^2) + eps) * scale for n rows of `dim`.
+void l2norm_scale(float* x, int64_t n, int64_t dim, float eps, float scale, cudaStream_t stream);
+
+// Causal depthwise conv + SiLU: out[t, c] = silu(sum_j w[c, j] * in[t + j, c]), j ascending.
+// in: [(K - 1) + T, C]; w: [C, K]; out: [T, C].
+void causal_conv_silu(const float* in, const float* w, int64_t T, int64_t C, int64_t K, float* out,
+                      cudaStream_t stream);
+
+// The gated delta rule, token by token, for T tokens of one sequence (decode, verify, and for now
+// prefill too: the recurrence is exact and split-invariant). Shapes as cpu::DeltaArgs: q, k
+// [T, Hk, Dk] (normed); v [T, Hv, Dv]; g, beta [T, Hv]; S [Hv, Dk, Dv] in/out; out [T, Hv, Dv].
+// One block per v-head, one thread per value column: the column's sums run over i ascending.
+void delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g,
+                          const float* beta, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
+                          int64_t Dv, float* S, float* out, cudaStream_t stream);
+
+// Causal GQA attention of T queries of one sequence over its cache, as cpu::attention: q
+// [T, n_heads, D]; k_cache, v_cache [L, n_kv, D]; query t sees rows 0..pos[t] (pos on device).
+// One block per (t, head); keys in tiles of 128 with a running max (online softmax), each tile's
+// keys accumulated in ascending order.
+void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cache,
+               const float* v_cache, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
+               float* out, cudaStream_t stream);
+
+// MoE routing per token: softmax over E logits (fp32), the top k (ties to the lower index), their
+// weights renormalised over the k when `renorm`. logits [n, E]; experts, weights [n, k].
+void route_topk(const float* logits, int64_t n, int64_t E, int64_t k, bool renorm, int32_t* experts,
+                float* weights, cudaStream_t stream);
+
+// Elementwise: x *= sigmoid(gate) over n values.
+void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream);
+// Elementwise: y += x over n values.
+void add(float* y, const float* x, int64_t n, cudaStream_t stream);
+
 }  // namespace tf::cuda
