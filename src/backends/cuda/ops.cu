@@ -289,6 +289,72 @@ __global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, i
   if (i < n) y[i] += x[i];
 }
 
+// One block per token, threads over the k-heads' groups.
+__global__ void split_qkvz_kernel(const float* __restrict__ P, const float* __restrict__ BA,
+                                  int64_t Hk, int64_t Dk, int64_t r, int64_t Dv,
+                                  float* __restrict__ xc, float* __restrict__ z,
+                                  float* __restrict__ b, float* __restrict__ a) {
+  const int64_t t = blockIdx.x, G = 2 * Dk + 2 * r * Dv, kd = Hk * Dk, Hv = Hk * r;
+  const int64_t C = 2 * kd + Hv * Dv;
+  for (int64_t i = threadIdx.x; i < Hk * G; i += blockDim.x) {
+    const int64_t grp = i / G, o = i % G;
+    const float x = P[t * Hk * G + i];
+    if (o < Dk)
+      xc[t * C + grp * Dk + o] = x;
+    else if (o < 2 * Dk)
+      xc[t * C + kd + grp * Dk + o - Dk] = x;
+    else if (o < 2 * Dk + r * Dv)
+      xc[t * C + 2 * kd + grp * r * Dv + o - 2 * Dk] = x;
+    else
+      z[(t * Hv + grp * r) * Dv + o - 2 * Dk - r * Dv] = x;
+  }
+  for (int64_t i = threadIdx.x; i < Hk * 2 * r; i += blockDim.x) {
+    const int64_t grp = i / (2 * r), o = i % (2 * r);
+    const float x = BA[t * Hk * 2 * r + i];
+    if (o < r)
+      b[t * Hv + grp * r + o] = x;
+    else
+      a[t * Hv + grp * r + o - r] = x;
+  }
+}
+
+__global__ void gdn_gates_kernel(const float* __restrict__ b, const float* __restrict__ a,
+                                 const float* __restrict__ dt_bias,
+                                 const float* __restrict__ neg_exp_a, int64_t n, int64_t Hv,
+                                 float* __restrict__ beta, float* __restrict__ g) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * Hv) return;
+  const int64_t h = i % Hv;
+  beta[i] = 1.0f / (1.0f + expf(-b[i]));
+  const float x = a[i] + dt_bias[h];
+  g[i] = neg_exp_a[h] * (x > 20.0f ? x : log1pf(expf(x)));
+}
+
+__global__ void gather_rows_kernel(const float* __restrict__ x, const int32_t* __restrict__ idx,
+                                   int64_t dim, float* __restrict__ y) {
+  const float* src = x + static_cast<int64_t>(idx[blockIdx.x]) * dim;
+  float* dst = y + blockIdx.x * dim;
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dst[d] = src[d];
+}
+
+__global__ void scatter_add_scaled_kernel(const float* __restrict__ x,
+                                          const int32_t* __restrict__ idx,
+                                          const float* __restrict__ w, int64_t dim,
+                                          float* __restrict__ y) {
+  float* dst = y + static_cast<int64_t>(idx[blockIdx.x]) * dim;
+  const float* src = x + blockIdx.x * dim;
+  const float wi = w[blockIdx.x];
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dst[d] = fmaf(src[d], wi, dst[d]);
+}
+
+__global__ void add_gated_kernel(const float* __restrict__ s, const float* __restrict__ gate,
+                                 int64_t dim, float* __restrict__ y) {
+  const float gs = 1.0f / (1.0f + expf(-gate[blockIdx.x]));
+  const float* src = s + blockIdx.x * dim;
+  float* dst = y + blockIdx.x * dim;
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dst[d] = fmaf(gs, src[d], dst[d]);
+}
+
 unsigned blocks_for(int64_t n, unsigned threads) {
   return static_cast<unsigned>((n + threads - 1) / threads);
 }
@@ -410,6 +476,43 @@ void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream) {
 void add(float* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   add_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void split_qkvz(const float* P, const float* BA, int64_t n, int64_t Hk, int64_t Dk, int64_t r,
+                int64_t Dv, float* xc, float* z, float* b, float* a, cudaStream_t stream) {
+  if (n == 0) return;
+  split_qkvz_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(P, BA, Hk, Dk, r, Dv, xc, z, b,
+                                                                  a);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void gdn_gates(const float* b, const float* a, const float* dt_bias, const float* neg_exp_a,
+               int64_t n, int64_t Hv, float* beta, float* g, cudaStream_t stream) {
+  if (n == 0) return;
+  gdn_gates_kernel<<<blocks_for(n * Hv, 256), 256, 0, stream>>>(b, a, dt_bias, neg_exp_a, n, Hv,
+                                                                beta, g);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_rows(const float* x, const int32_t* idx, int64_t n, int64_t dim, float* y,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  gather_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, idx, dim, y);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void scatter_add_scaled(const float* x, const int32_t* idx, const float* w, int64_t n, int64_t dim,
+                        float* y, cudaStream_t stream) {
+  if (n == 0) return;
+  scatter_add_scaled_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, idx, w, dim, y);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_gated(const float* s, const float* gate, int64_t n, int64_t dim, float* y,
+               cudaStream_t stream) {
+  if (n == 0) return;
+  add_gated_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(s, gate, dim, y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 

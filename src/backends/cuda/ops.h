@@ -77,4 +77,25 @@ void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream);
 // Elementwise: y += x over n values.
 void add(float* y, const float* x, int64_t n, cudaStream_t stream);
 
+// Gated DeltaNet input split, as the CPU model does it: P [n, Hk, 2 Dk + 2 r Dv] (per k-head
+// [q Dk | k Dk | v r Dv | z r Dv]) and BA [n, Hk, 2 r] (per k-head [b r | a r]) into the conv
+// channels xc [n, 2 Hk Dk + Hv Dv] ([q | k | v]), z [n, Hv, Dv], b, a [n, Hv].
+void split_qkvz(const float* P, const float* BA, int64_t n, int64_t Hk, int64_t Dk, int64_t r,
+                int64_t Dv, float* xc, float* z, float* b, float* a, cudaStream_t stream);
+
+// Gated DeltaNet gates over n tokens: beta = sigmoid(b), g = neg_exp_a * softplus(a + dt_bias)
+// (PyTorch's softplus, threshold 20). b, a, beta, g: [n, Hv]; dt_bias, neg_exp_a: [Hv].
+void gdn_gates(const float* b, const float* a, const float* dt_bias, const float* neg_exp_a,
+               int64_t n, int64_t Hv, float* beta, float* g, cudaStream_t stream);
+
+// y[i] = x[idx[i]] for n rows of `dim` (idx on device).
+void gather_rows(const float* x, const int32_t* idx, int64_t n, int64_t dim, float* y,
+                 cudaStream_t stream);
+// y[idx[i]] += w[i] * x[i] for n rows of `dim`; idx distinct within one call.
+void scatter_add_scaled(const float* x, const int32_t* idx, const float* w, int64_t n, int64_t dim,
+                        float* y, cudaStream_t stream);
+// y[t] += sigmoid(gate[t]) * s[t] for n rows of `dim` (gate [n]).
+void add_gated(const float* s, const float* gate, int64_t n, int64_t dim, float* y,
+               cudaStream_t stream);
+
 }  // namespace tf::cuda
