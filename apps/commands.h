@@ -12,6 +12,7 @@ void add_make_checkpoint(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_template(CLI::App& app);
 void add_serve(CLI::App& app);
+void add_eval(CLI::App& app);
 
 // The embedded default model, relative to the repository root (the working directory of every
 // documented command).

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   tf::app::add_tokenize(app);
   tf::app::add_template(app);
   tf::app::add_serve(app);
+  tf::app::add_eval(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

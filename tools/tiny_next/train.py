@@ -23,13 +23,20 @@ What is trained
      rmsnorm_zc(h_t)) -> fc -> one gated full-attention + MoE decoder layer -> norm -> shared lm_head,
      predicting x_{t+2}; trained jointly (CE on x_{t+2} plus soft CE towards the main model's own
      distribution at t+1).
+  Data: each batch of 128 rows x 512 tokens takes 1 - --fresh-frac of its rows as random windows of the
+  static stream (prose.jsonl + chats.jsonl; every token weighs 1) and --fresh-frac as rows of fresh
+  synthetic chats that worker processes generate while the GPU trains (fresh.py: copy chats whose text
+  cannot be memorised, arithmetic, every other task; chunk i seeded by (seed, i), consumed in order, so
+  runs are reproducible). In fresh rows only assistant tokens weigh 1 (the user's random text is not
+  learnable and would only teach its own unigram distribution).
   Training speed-ups, used only while training and checked against transformers at start-up:
   the Gated DeltaNet chunk kernel with the intra-chunk triangular inverse done by one
   solve_triangular (instead of a 63-step Python loop), and a dense (all-experts, zero weights for
   unrouted ones) expert mix instead of the per-expert gather loop. Evaluation and the references
   use the stock transformers code on the reloaded bf16 checkpoint.
 
-Usage (device):  python3 tools/tiny_next/train.py --out $OUT --steps 3000
+Usage (device):  bash tools/tiny_next/device_run.sh --steps 2650 --batch 128 --time-budget 430 ...  (calls this)
+                 python3 tools/tiny_next/train.py --out $OUT --steps 3000
 Smoke test:      python3 tools/tiny_next/train.py --out $OUT --smoke
 """
 
@@ -88,7 +95,7 @@ MODEL_CFG = dict(
     attention_bias=False, attention_dropout=0.0, initializer_range=0.02,
     router_aux_loss_coef=0.001, output_router_logits=False, use_cache=True,
 )
-FULL_ATTENTION_INTERVAL = 3
+FULL_ATTENTION_INTERVAL = 2     # layers: GDN, attn, GDN, attn, GDN, attn (3 + 3): attention for copying
 ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
 
 
@@ -692,9 +699,15 @@ def evaluate(model, mtp, tok, held, dev, n_copy, n_arith, n_prose):
     ok = 0
     fails = []
     copy_seqs = []
+    buckets = {"1-20": [0, 0], "21-40": [0, 0], "41+": [0, 0]}
+    res["outputs"] = {"copy": outs}
     for p, pr, o in zip(passages, prompts, outs):
         text = tok.decode([t for t in o if t not in stops], skip_special_tokens=False)
         good = bool(text == p and len(o) > 0 and o[-1] == im_end)
+        nw = len(p.split())
+        bk = buckets["1-20" if nw <= 20 else "21-40" if nw <= 40 else "41+"]
+        bk[0] += good
+        bk[1] += 1
         ok += good
         if not good and len(fails) < 5:
             fails.append({"want": p, "got": text})
@@ -703,6 +716,7 @@ def evaluate(model, mtp, tok, held, dev, n_copy, n_arith, n_prose):
     res["copy_n"] = len(passages)
     res["copy_word_counts"] = [min(len(p.split()) for p in passages), max(len(p.split()) for p in passages)]
     res["copy_failures"] = fails
+    res["copy_by_words"] = {k: {"exact": v[0] / v[1], "n": v[1]} for k, v in buckets.items() if v[1]}
     # copy with thinking on (a smaller set)
     prompts_t = [tok.encode(make_data.render_chat([{"role": "user", "content": f"Copy this text exactly:\n\n{p}"}],
                                                   add_generation_prompt=True, enable_thinking=True)).ids
@@ -713,8 +727,10 @@ def evaluate(model, mtp, tok, held, dev, n_copy, n_arith, n_prose):
         text = tok.decode([t for t in o if t not in stops], skip_special_tokens=False).split("</think>")[-1].lstrip("\n")
         okt += text == p
     res["copy_exact_match_thinking"] = okt / len(prompts_t)
-    log(f"eval copy: {res['copy_exact_match']:.4f} (n={len(passages)}), thinking {res['copy_exact_match_thinking']:.4f}"
-        f" [{time.time() - t0:.1f}s]")
+    log(f"eval copy: {res['copy_exact_match']:.4f} (n={len(passages)}) by words {res['copy_by_words']}, "
+        f"thinking {res['copy_exact_match_thinking']:.4f} [{time.time() - t0:.1f}s]")
+    for f_ in fails[:3]:
+        log(f"  copy failure: want {f_['want']!r}\n                got  {f_['got']!r}")
     # arithmetic, thinking on and off
     probs = held["arith"][:n_arith]
     for mode in ("off", "on"):
@@ -722,6 +738,7 @@ def evaluate(model, mtp, tok, held, dev, n_copy, n_arith, n_prose):
                                                     add_generation_prompt=True,
                                                     enable_thinking=(mode == "on"))).ids for a, op, b in probs]
         outs = greedy_batch(model, prompts, 200 if mode == "on" else 24, stops, eot, dev)
+        res["outputs"][f"arith_{mode}"] = outs
         correct = {"+": [0, 0], "-": [0, 0]}
         ex = []
         for (a, op, b), o in zip(probs, outs):
@@ -849,8 +866,18 @@ def main():
     ap.add_argument("--aux-weight", type=float, default=0.01)
     ap.add_argument("--time-budget", type=float, default=330.0, help="stop training after this many seconds")
     ap.add_argument("--log-every", type=int, default=50)
-    ap.add_argument("--extra-copy", type=int, default=20000, help="extra copy chats generated on the device")
-    ap.add_argument("--extra-arith", type=int, default=50000, help="extra arithmetic chats generated on the device")
+    ap.add_argument("--extra-copy", type=int, default=0, help="extra copy chats (fixed, from training windows)")
+    ap.add_argument("--extra-arith", type=int, default=0, help="extra arithmetic chats (fixed)")
+    ap.add_argument("--fresh-frac", type=float, default=0.75,
+                    help="share of each batch's rows taken from the fresh synthetic chats (fresh.py)")
+    ap.add_argument("--fresh-workers", type=int, default=10, help="processes generating fresh chats")
+    ap.add_argument("--fresh-chunk-rows", type=int, default=2048, help="rows of L+2 tokens per fresh chunk")
+    ap.add_argument("--fresh-chunks", type=int, default=8, help="chunks held in the fresh buffer")
+    ap.add_argument("--fresh-every", type=int, default=16, help="replace the oldest fresh chunk every N steps")
+    ap.add_argument("--copy-share", type=float, default=0.5, help="fresh chats: share of copy chats")
+    ap.add_argument("--arith-share", type=float, default=0.15, help="fresh chats: share of arithmetic chats")
+    ap.add_argument("--prompt-weight", type=float, default=0.0,
+                    help="loss weight of non-assistant tokens in fresh rows (assistant tokens weigh 1)")
     ap.add_argument("--smoke", action="store_true", help="tiny run: exercise every code path, measure speed")
     ap.add_argument("--model-dir", default=None, help="where to write the model (default OUT/model)")
     ap.add_argument("--export-parts", action="store_true",
@@ -896,7 +923,7 @@ def main():
     train_docs = [d for i, d in enumerate(prose) if i not in val_idx_p] + \
                  [d for i, d in enumerate(chats) if i not in val_idx_c]
     t0 = time.time()
-    n_xc, n_xa = (200, 400) if args.smoke else (args.extra_copy, args.extra_arith)
+    n_xc, n_xa = (0, 0) if args.smoke else (args.extra_copy, args.extra_arith)
     xtra = extra_chats([d for i, d in enumerate(prose) if i not in val_idx_p], held, n_xc, n_xa, args.seed + 21)
     train_docs += xtra
     log(f"extra synthetic chats: {n_xc} copy + {n_xa} arithmetic ({sum(len(x) for x in xtra) / 1e6:.1f} MB) "
@@ -910,6 +937,31 @@ def main():
         f"tokens in {time.time() - t0:.1f}s")
     stream_t = torch.from_numpy(stream.astype(np.int64)).to(dev)
     val_t = torch.from_numpy(val_stream.astype(np.int64)).to(dev)
+
+    # ---------------- fresh synthetic chats (fresh.py), made by worker processes while training
+    import multiprocessing as mp
+    import fresh
+    if args.smoke:
+        args.fresh_chunk_rows, args.fresh_chunks, args.fresh_every = 256, 4, 5
+    total_steps = 20 if args.smoke else args.steps
+    n_chunks = args.fresh_chunks + total_steps // args.fresh_every + 2
+    t0 = time.time()
+    spec = fresh.build_spec([d for i, d in enumerate(prose) if i not in val_idx_p], [tuple(x) for x in held["arith"]],
+                            args.seed + 31, args.seq + 2, args.fresh_chunk_rows, args.copy_share, args.arith_share)
+    wargs = fresh.save_worker_args(f"/tmp/tn_fresh_args_{os.getpid()}.pkl", tok.to_str(), spec)
+    pool = mp.get_context("spawn").Pool(args.fresh_workers, initializer=fresh.init_worker, initargs=(wargs,))
+    VAL_CHUNK = 10 ** 6
+    fresh_iter = pool.imap(fresh.make_chunk, [VAL_CHUNK] + list(range(n_chunks)))
+    fresh_stats = {"chunks": 0, "wait_s": 0.0, "rows_per_chunk": args.fresh_chunk_rows}
+    log(f"fresh chats: {args.fresh_workers} workers, {n_chunks} chunks of {args.fresh_chunk_rows} rows planned "
+        f"(spec {time.time() - t0:.1f}s)")
+
+    def next_chunk():
+        tw0 = time.time()
+        i, arr = next(fresh_iter)
+        fresh_stats["wait_s"] += time.time() - tw0
+        fresh_stats["chunks"] += 1
+        return torch.from_numpy(arr.astype(np.int64)).to(dev)
 
     # ---------------- model
     from transformers import AutoModelForCausalLM, Qwen3NextConfig
@@ -1000,13 +1052,31 @@ def main():
         w = w.reshape(-1)
         return (l_ * w).sum() / w.sum().clamp_min(1.0)
 
-    def step_losses(ids):
+    im_start_id, asst_tok = hdr_pat[0], hdr_pat[1]
+    assert len(hdr_pat) == 3 and im_start_id == tok.token_to_id("<|im_start|>")
+
+    def assistant_mask(ids):
+        """True where ids[j] belongs to an assistant turn's content (past its header, <|im_end|> and
+        what follows up to the next <|im_start|> included). Rows of fresh chunks start at a chat."""
+        B_, T_ = ids.shape
+        ar_ = torch.arange(T_, device=ids.device).expand(B_, T_)
+        last = torch.where(ids == im_start_id, ar_, torch.full_like(ar_, -1)).cummax(dim=1).values
+        role = torch.gather(ids, 1, (last + 1).clamp(max=T_ - 1))
+        return (last >= 0) & (role == asst_tok) & (ar_ > last + 2)
+
+    def step_losses(ids, n_static=None):
+        """Rows [0, n_static) are windows of the static stream (every token weighs 1); the rest are
+        fresh chunks' rows, where only assistant tokens weigh 1 (others --prompt-weight)."""
         routers.clear()
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=(dev == "cuda")):
             inp = ids[:, :L]
             H = model.model(input_ids=inp, use_cache=False).last_hidden_state
             logits = model.lm_head(H)
             tw = target_weights(ids)
+            ns = ids.shape[0] if n_static is None else n_static
+            if ns < ids.shape[0]:
+                am = assistant_mask(ids[ns:]).float()
+                tw = torch.cat([tw[:ns], tw[ns:] * (am + (1.0 - am) * args.prompt_weight)])
             ce = wce(logits.float(), ids[:, 1:L + 1], tw[:, 1:L + 1])
             pos = torch.arange(L, device=dev)[None].expand(ids.shape[0], L)
             cos, sin = model.model.rotary_emb(H, pos)
@@ -1023,20 +1093,29 @@ def main():
             loss = ce + args.mtp_weight * ce_mtp + args.mtp_distill_weight * distill + args.aux_weight * aux
         return loss, ce, ce_mtp, distill, aux
 
+    fresh_val = next_chunk()[:256]      # chunk VAL_CHUNK: never trained on
+
     @torch.no_grad()
     def val_loss(nb=8):
+        """(static CE, static MTP CE, fresh CE, fresh MTP CE): the static validation split (prose +
+        chats.jsonl), and assistant tokens of fresh chats never trained on."""
         model.eval()
         mtp.eval()
         g = torch.Generator(device="cpu").manual_seed(99)
-        tot = [0.0, 0.0]
+        tot = [0.0, 0.0, 0.0, 0.0]
         for _ in range(nb):
             ids = batch(val_t, 32, g)
             _, ce, ce_mtp, _, _ = step_losses(ids)
             tot[0] += float(ce)
             tot[1] += float(ce_mtp)
+        for k in range(0, fresh_val.shape[0], 32):
+            _, ce, ce_mtp, _, _ = step_losses(fresh_val[k:k + 32], 0)
+            tot[2] += float(ce)
+            tot[3] += float(ce_mtp)
+        nf = max(1, (fresh_val.shape[0] + 31) // 32)
         model.train()
         mtp.train()
-        return tot[0] / nb, tot[1] / nb
+        return tot[0] / nb, tot[1] / nb, tot[2] / nf, tot[3] / nf
 
     def lr_at(step, total):
         if step < args.warmup:
@@ -1048,8 +1127,19 @@ def main():
     mtp.train()
     timing = {}
     curve = []
-    total_steps = 20 if args.smoke else args.steps
     t_train = time.time()
+    n_fresh = int(round(Bsz * args.fresh_frac))
+    fresh_buf = torch.cat([next_chunk() for _ in range(args.fresh_chunks)])
+    fresh_slot = 0
+    log(f"fresh buffer: {fresh_buf.shape[0]} rows; {n_fresh} of {Bsz} rows per step fresh; waited "
+        f"{fresh_stats['wait_s']:.1f}s for the first chunks")
+    t_train = time.time()
+
+    def train_batch():
+        s_ = batch(stream_t, Bsz - n_fresh, gen)
+        ri = torch.randint(0, fresh_buf.shape[0], (n_fresh,), generator=gen).to(dev)
+        return torch.cat([s_, fresh_buf[ri]]), Bsz - n_fresh
+
     tokens_seen = 0
     step = 0
     stopped_early = False
@@ -1094,8 +1184,12 @@ def main():
     while step < total_steps:
         for gp in opt.param_groups:
             gp["lr"] = lr_at(step, total_steps)
-        ids = batch(stream_t, Bsz, gen)
-        loss, ce, ce_mtp, distill, aux = step_losses(ids)
+        if step > 0 and step % args.fresh_every == 0:
+            R_ = args.fresh_chunk_rows
+            fresh_buf[fresh_slot * R_:(fresh_slot + 1) * R_] = next_chunk()
+            fresh_slot = (fresh_slot + 1) % args.fresh_chunks
+        ids, n_static = train_batch()
+        loss, ce, ce_mtp, distill, aux = step_losses(ids, n_static)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(list(model.parameters()) + list(mtp.parameters()), 1.0)
@@ -1115,7 +1209,10 @@ def main():
             if step % (args.log_every * 10) == 0:
                 vl = val_loss()
                 rec["val_ce"], rec["val_mtp_ce"] = round(vl[0], 4), round(vl[1], 4)
-                log(f"  val ce {vl[0]:.4f} mtp ce {vl[1]:.4f}")
+                rec["val_fresh_ce"], rec["val_fresh_mtp_ce"] = round(vl[2], 4), round(vl[3], 4)
+                log(f"  val ce {vl[0]:.4f} mtp ce {vl[1]:.4f}; fresh chats (assistant tokens) ce {vl[2]:.4f} "
+                    f"mtp ce {vl[3]:.4f}; fresh chunks used {fresh_stats['chunks']}, waited "
+                    f"{fresh_stats['wait_s']:.1f}s")
             if el > args.time_budget and step < total_steps:
                 log(f"time budget reached at step {step}; stopping")
                 stopped_early = True
@@ -1123,8 +1220,10 @@ def main():
     train_s = time.time() - t_train
     restore_gdn()   # stock transformers kernels from here on (validation, reload check, evaluation)
     vl = val_loss()
+    pool.terminate()
+    os.remove(wargs)
     log(f"training done: {step} steps, {tokens_seen:,} tokens, {train_s:.1f}s; final val ce {vl[0]:.4f} "
-        f"mtp ce {vl[1]:.4f}")
+        f"mtp ce {vl[1]:.4f}; fresh chats ce {vl[2]:.4f} mtp ce {vl[3]:.4f}; fresh chunks {fresh_stats}")
 
     # ---------------- write the model directory (bf16), reload, compare
     mdir = args.model_dir or os.path.join(args.out, "model")
@@ -1207,6 +1306,13 @@ def main():
     except Exception:  # noqa: BLE001
         log(f"REFERENCE FAILED: {traceback.format_exc()}")
 
+    outputs = ev.pop("outputs", None) if isinstance(ev, dict) else None
+    if outputs is not None:
+        with open(os.path.join(args.out, "eval_outputs.json"), "w") as f:
+            json.dump({"note": "greedy tokens (transformers, fp32, on the shipped bf16 weights) per held-out case, in "
+                               "the order of heldout.json's copy_passages / arith; generation stops at "
+                               "<|im_end|> or <|endoftext|> (included)", **outputs}, f)
+            f.write("\n")
     report = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "device": gpu, "versions": versions, "args": vars(args), "params": params,
@@ -1217,8 +1323,12 @@ def main():
         "fast_paths": {"gdn": gdn_check, "dense_experts_rel": exp_rel, "patched_gdn_layers": n_gdn,
                        "patched_expert_blocks": n_exp},
         "timing": timing, "train_seconds": train_s, "steps": step, "tokens_seen": tokens_seen,
-        "stopped_early": stopped_early, "epochs": tokens_seen / len(stream),
-        "final_val": {"ce": vl[0], "mtp_ce": vl[1]}, "loss_curve": curve,
+        "stopped_early": stopped_early,
+        "static_epochs": tokens_seen * (Bsz - n_fresh) / Bsz / len(stream),
+        "final_val": {"ce": vl[0], "mtp_ce": vl[1], "fresh_ce": vl[2], "fresh_mtp_ce": vl[3]},
+        "fresh": {**fresh_stats, "rows_per_step": n_fresh, "fresh_frac": args.fresh_frac,
+                  "tokens_generated": fresh_stats["chunks"] * args.fresh_chunk_rows * (args.seq + 2)},
+        "loss_curve": curve,
         "load_check": load_check, "model_dir_bytes": sizes, "eval": ev,
         "total_seconds": time.time() - T_START,
     }

