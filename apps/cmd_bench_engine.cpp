@@ -125,7 +125,7 @@ TurnResult chat_ttft(const Model& model, const Options& o, std::mt19937& rng) {
     return std::chrono::duration<double>(t->tokens.front() - t0).count();
   };
   auto idle = [](const Engine& e) {
-    while (e.stats().running + e.stats().waiting > 0)
+    for (EngineStats st = e.stats(); st.running + st.waiting + st.keeping > 0; st = e.stats())
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
   };
   TurnResult res;

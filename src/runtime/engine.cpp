@@ -99,8 +99,10 @@ void Engine::cancel(uint64_t id) {
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   EngineStats s = stats_;
-  s.waiting = sched_.waiting();
-  s.running = sched_.running();
+  // Keep jobs take slots, but /metrics and callers count requests.
+  s.waiting = sched_.waiting() - sched_.waiting_internal();
+  s.running = sched_.running() - sched_.running_internal();
+  s.keeping = sched_.waiting_internal() + sched_.running_internal();
   return s;
 }
 

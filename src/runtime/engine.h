@@ -72,7 +72,8 @@ struct EngineOptions {
 struct EngineStats {
   uint64_t steps = 0, prompt_tokens = 0, generated_tokens = 0;
   uint64_t keep_jobs = 0, keep_tokens = 0;  // internal prefills that extend kept states
-  size_t waiting = 0, running = 0;
+  size_t waiting = 0, running = 0;          // requests (keep jobs not included)
+  size_t keeping = 0;                       // keep jobs queued or running
   StatePoolStats pool;
 };
 

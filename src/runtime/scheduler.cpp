@@ -13,10 +13,18 @@ int64_t Scheduler::Seq::next_cut() const {
   return prompt_end;
 }
 
+size_t Scheduler::waiting_internal() const {
+  return static_cast<size_t>(
+      std::count_if(waiting_.begin(), waiting_.end(), [](const Seq& s) { return s.internal; }));
+}
+
+size_t Scheduler::running_internal() const {
+  return static_cast<size_t>(
+      std::count_if(running_.begin(), running_.end(), [](const Seq& s) { return s.internal; }));
+}
+
 size_t Scheduler::counted() const {
-  auto external = [](const Seq& s) { return !s.internal; };
-  return static_cast<size_t>(std::count_if(running_.begin(), running_.end(), external) +
-                             std::count_if(waiting_.begin(), waiting_.end(), external));
+  return running_.size() + waiting_.size() - running_internal() - waiting_internal();
 }
 
 bool Scheduler::enqueue(uint64_t seq, int64_t n_past, int64_t n_prefill, std::vector<int64_t> cuts,

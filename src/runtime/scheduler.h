@@ -75,6 +75,9 @@ class Scheduler {
 
   size_t waiting() const { return waiting_.size(); }
   size_t running() const { return running_.size(); }
+  // Internal sequences among waiting() / running().
+  size_t waiting_internal() const;
+  size_t running_internal() const;
   bool is_running(uint64_t seq) const;
   const SchedulerOptions& options() const { return o_; }
 

@@ -277,8 +277,10 @@ class Service {
         "# HELP tensorfold_state_cache_keep_tokens_total Reply tokens prefilled to keep the state "
         "at a turn's end.\n"
         "# TYPE tensorfold_state_cache_keep_tokens_total counter\n"
-        "tensorfold_state_cache_keep_tokens_total {}\n",
-        p.cached_tokens, p.entries, p.bytes, p.max_bytes, p.evictions, s.keep_tokens);
+        "tensorfold_state_cache_keep_tokens_total {}\n"
+        "# HELP tensorfold_state_cache_keep_jobs Turn-end keep jobs queued or running.\n"
+        "# TYPE tensorfold_state_cache_keep_jobs gauge\ntensorfold_state_cache_keep_jobs {}\n",
+        p.cached_tokens, p.entries, p.bytes, p.max_bytes, p.evictions, s.keep_tokens, s.keeping);
     res.set_content(out, "text/plain; version=0.0.4");
   }
 

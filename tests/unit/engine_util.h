@@ -55,7 +55,7 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 inline void wait_idle(const Engine& e) {
   for (int i = 0; i < 60000; ++i) {
     const EngineStats s = e.stats();
-    if (s.waiting == 0 && s.running == 0) return;
+    if (s.waiting == 0 && s.running == 0 && s.keeping == 0) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   FAIL() << "engine not idle after 60 s";
