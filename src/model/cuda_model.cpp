@@ -164,6 +164,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int devi
   return m;
 }
 
+CudaModel::CudaModel(const Model& host) : host_(host) {}
+
 CudaModel::~CudaModel() {
   if (stream_) cudaStreamDestroy(as_stream(stream_));
 }

@@ -71,7 +71,7 @@ class CudaModel {
   struct DevMat;
   struct DevFfn;
   struct DevLayer;
-  explicit CudaModel(const Model& host) : host_(host) {}
+  explicit CudaModel(const Model& host);
   void attention_layer(const DevLayer& L, int64_t li, std::span<const CudaStepInput> in,
                        const float* xn, float* y);
   void deltanet_layer(const DevLayer& L, int64_t li, std::span<const CudaStepInput> in,
