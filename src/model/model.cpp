@@ -226,65 +226,23 @@ void Model::deltanet_layer(const LayerWeights& L, int64_t li, std::span<const St
 }
 
 void Model::ffn(const FfnWeights& f, const float* x, int64_t N, float* y, ThreadPool* pool) const {
-  const int64_t I = f.gate.rows;
-  std::vector<float> g(N * I), u(N * I);
-  matmul(f.gate, x, N, g.data(), pool);
-  matmul(f.up, x, N, u.data(), pool);
-  for (int64_t i = 0; i < N * I; ++i) g[i] = cpu::silu(g[i]) * u[i];
-  matmul(f.down, g.data(), N, y, pool);
+  cpu::ffn(f, x, N, y, pool);
 }
 
+// Router, routed experts and shared expert in one fused op (backends/cpu/moe.h): softmax over
+// the experts in fp32, top-k (ties to the lower index), optional renormalisation, each row's
+// experts summed in ascending index order, then the sigmoid-gated shared expert.
 void Model::moe(const LayerWeights& L, const float* xn, int64_t N, float* y,
                 ThreadPool* pool) const {
   const ModelConfig& c = config();
-  const int64_t H = c.hidden_size, E = c.num_experts, topk = c.num_experts_per_tok;
-  std::vector<float> probs(N * E);
-  matmul(L.router, xn, N, probs.data(), pool);
-  // Per row: softmax over E (fp32), top-k, optional renormalisation over the k chosen.
-  std::vector<std::vector<std::pair<int64_t, float>>> routed(E);  // expert -> (row, weight)
-  std::vector<int64_t> idx(E);
-  for (int64_t t = 0; t < N; ++t) {
-    float* p = &probs[t * E];
-    const float m = *std::max_element(p, p + E);
-    float sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(p[e] - m));
-    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + topk, idx.end(),
-                      [&](int64_t i, int64_t j) { return p[i] > p[j] || (p[i] == p[j] && i < j); });
-    float wsum = 0;
-    for (int64_t j = 0; j < topk; ++j) wsum += p[idx[j]];
-    for (int64_t j = 0; j < topk; ++j) {
-      const float wj = c.norm_topk_prob ? p[idx[j]] / wsum : p[idx[j]];
-      routed[idx[j]].emplace_back(t, wj);
-    }
-  }
-  // Experts in ascending index order, so each row accumulates its experts in one fixed order.
-  std::fill(y, y + N * H, 0.0f);
-  std::vector<float> xe, ye;
-  for (int64_t e = 0; e < E; ++e) {
-    const auto& rows = routed[e];
-    if (rows.empty()) continue;
-    const int64_t n = static_cast<int64_t>(rows.size());
-    xe.resize(n * H);
-    ye.resize(n * H);
-    for (int64_t i = 0; i < n; ++i) std::copy_n(xn + rows[i].first * H, H, &xe[i * H]);
-    ffn(L.experts[e], xe.data(), n, ye.data(), pool);
-    for (int64_t i = 0; i < n; ++i) {
-      float* yr = y + rows[i].first * H;
-      const float wi = rows[i].second;
-      for (int64_t d = 0; d < H; ++d) yr[d] += ye[i * H + d] * wi;
-    }
-  }
-  // Shared expert, scaled by sigmoid(x . shared_gate) per row.
-  std::vector<float> s(N * H);
-  ffn(L.shared, xn, N, s.data(), pool);
-  for (int64_t t = 0; t < N; ++t) {
-    float gd = 0;
-    for (int64_t d = 0; d < H; ++d) gd += xn[t * H + d] * L.shared_gate[d];
-    const float gs = cpu::sigmoid(gd);
-    for (int64_t d = 0; d < H; ++d) y[t * H + d] += gs * s[t * H + d];
-  }
+  cpu::MoeArgs a;
+  a.router = L.router;
+  a.experts = L.experts.data();
+  a.top_k = c.num_experts_per_tok;
+  a.norm_topk_prob = c.norm_topk_prob;
+  a.shared = &L.shared;
+  a.shared_gate = L.shared_gate.data();
+  cpu::moe_ffn(a, xn, N, y, pool);
 }
 
 double Model::decode_bytes_per_token() const {

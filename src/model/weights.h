@@ -8,17 +8,15 @@
 #include <vector>
 
 #include "backends/cpu/matmul.h"
+#include "backends/cpu/moe.h"
 #include "io/checkpoint.h"
 
 namespace tf {
 
 using cpu::Mat;
 
-// A SwiGLU feed-forward: down(silu(gate x) * up x).
-struct FfnWeights {
-  Mat gate, up;  // [I, H]
-  Mat down;      // [H, I]
-};
+// A SwiGLU feed-forward: down(silu(gate x) * up x); gate, up [I, H], down [H, I].
+using FfnWeights = cpu::FfnMats;
 
 struct LayerWeights {
   bool full_attention = false;
