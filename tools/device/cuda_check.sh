@@ -9,8 +9,8 @@ dir=${1:?usage: cuda_check.sh DIR}
 out=${OUT:-/tmp/tf_out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$dir/lib:${LD_LIBRARY_PATH:-}"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
-TF_REPO=$PWD "$dir/cuda_tests" --gtest_output="json:$out/cuda_tests.json" 2>&1 | tee "$out/cuda_tests.log"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+TF_REPO=$PWD "$dir/cuda_tests" 2>&1 | tee "$out/cuda_tests.log"
 status=${PIPESTATUS[0]}
 compute-sanitizer --tool memcheck --error-exitcode 1 "$dir/cuda_tests" --gtest_filter='CudaOps.*' \
   >"$out/memcheck.log" 2>&1 || status=1
