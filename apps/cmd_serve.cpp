@@ -98,6 +98,15 @@ void add_serve(CLI::App& app) {
         auto d = residency::parse_duration(v);
         return d ? "" : d.status().message();
       });
+  cmd->add_option_function<std::string>(
+         "--residency-touch",
+         [o](const std::string& v) { o->residency_touch = residency::parse_bytes(v).value(); },
+         "Bytes of the held set each idle tick reads, so pages reclaimed outside this kernel (a "
+         "virtual machine's host) come back in the tick, not in a request; 0: none [default: 1G]")
+      ->check([](const std::string& v) -> std::string {
+        auto b = residency::parse_bytes(v);
+        return b ? "" : b.status().message();
+      });
   cmd->callback([o] {
     if (o->api_key.empty()) {
       if (const char* k = std::getenv("TENSORFOLD_API_KEY")) o->api_key = k;

@@ -52,6 +52,13 @@ struct CheckResult {
   uint64_t pages_found_out = 0;  // of those, not resident (made resident again)
 };
 
+// What touching one range cost (the CPU tick's second half).
+struct TouchResult {
+  uint64_t pages = 0;  // pages read
+  uint64_t cpu_ns =
+      0;  // this thread's CPU time doing it (not wall time: preemption is not counted)
+};
+
 // Calls come from the owner under its lock: never two at once on one backend.
 class Backend {
  public:
@@ -75,6 +82,10 @@ class Backend {
   // The tick, for one held range (or a piece of one): checks it is resident and makes resident
   // again whatever was found out.
   virtual Result<CheckResult> check(const Range& r) = 0;
+  // The tick, for one held range: reads it, so that memory the kernel keeps resident is also backed
+  // where the kernel cannot see (the host of a virtual machine reclaims guest pages it sees unused,
+  // locked or not, and the first access after that is a host fault). Default: nothing to do.
+  virtual Result<TouchResult> touch(const Range&) { return TouchResult{}; }
   // The tick, once per tick after the ranges are checked (CUDA: a 16-byte copy on the engine's
   // stream, so the command path reaches the device).
   virtual Status keepalive() { return Status::ok(); }

@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <string>
@@ -121,6 +122,25 @@ Result<CheckResult> CpuBackend::check(const Range& r) {
     i = j;
   }
   return res;
+}
+
+Result<TouchResult> CpuBackend::touch(const Range& r) {
+  auto thread_ns = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+  };
+  const uint64_t t0 = thread_ns();
+  const auto* p = static_cast<const char*>(r.data);
+  // The first byte of the range, then the first byte of each later page. Relaxed atomic loads: a
+  // held state buffer may be written by the engine at the same time (the values are not used).
+  const size_t first = (page_ - r.begin() % page_) % page_;
+  char sum = __atomic_load_n(p, __ATOMIC_RELAXED);
+  uint64_t pages = 1;
+  for (size_t off = first == 0 ? page_ : first; off < r.bytes; off += page_, ++pages)
+    sum ^= __atomic_load_n(p + off, __ATOMIC_RELAXED);
+  asm volatile("" : : "r"(sum));  // keep the loads
+  return TouchResult{pages, thread_ns() - t0};
 }
 
 std::vector<Range> program_ranges() {

@@ -23,6 +23,7 @@ class CpuBackend final : public Backend {
   Status add(const Range& r) override;                                         // mlock
   void remove(const Range& member, const Range& exclusive) noexcept override;  // munlock
   Result<CheckResult> check(const Range& r) override;  // mincore; mlock of what was found out
+  Result<TouchResult> touch(const Range& r) override;  // one byte of every page
 
  private:
   // Runs a system call, unless the fault hook fails it first (then errno is the injected value).

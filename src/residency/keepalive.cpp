@@ -21,12 +21,14 @@ Keepalive::~Keepalive() {
 
 void Keepalive::arm() {
   last_arm_.store(Clock::now().time_since_epoch().count());
+  interrupt_ = true;
 }
 
 void Keepalive::stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    interrupt_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -44,8 +46,9 @@ void Keepalive::loop() {
     }
     const Clock::time_point last{Clock::duration(last_arm_.load())};
     const bool armed = Clock::now() - last < o_.keep_warm;
-    if (armed && !(busy_ && busy_())) {
-      const TickReport r = owner_.tick(&stop_);
+    interrupt_ = false;  // then stop_ again: a stop() just before this line is not lost
+    if (armed && !stop_ && !(busy_ && busy_())) {
+      const TickReport r = owner_.tick(&interrupt_);
       if (!r.status.is_ok() && !warned_tick) {
         warned_tick = true;
         spdlog::warn("residency: tick: {}", r.status.message());
@@ -53,6 +56,12 @@ void Keepalive::loop() {
       if (r.pages_found_out > 0)
         spdlog::info("residency: tick found {} pages out and made them resident again",
                      r.pages_found_out);
+      if (r.cold) {
+        spdlog::info(
+            "residency: tick found held pages cold (reclaimed outside this kernel) and "
+            "read {} pages back in {:.2f} s of CPU",
+            r.pages_touched, r.touch_ns / 1e9);
+      }
       if (!r.stopped && wake_) wake_();
     }
     lock.lock();

@@ -30,7 +30,8 @@ class Keepalive {
   Keepalive(const Keepalive&) = delete;
   Keepalive& operator=(const Keepalive&) = delete;
 
-  // A request arrived or finished: ticks go on for keep_warm from now.
+  // A request arrived or finished: ticks go on for keep_warm from now; a running tick stops after
+  // its current piece (the request needs the CPU).
   void arm();
   // Ends the thread: a pending tick is dropped, a running one stops after its current piece.
   // Idempotent.
@@ -47,6 +48,7 @@ class Keepalive {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> interrupt_{false};  // set by stop() and arm(): a running tick ends early
   std::atomic<Clock::rep> last_arm_;
   std::thread thread_;
 };

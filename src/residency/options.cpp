@@ -47,21 +47,30 @@ Result<size_t> parse_budget(std::string_view spec, size_t physical) {
       return Status::invalid("residency limit '{}': a percent must be in (0, 100]", spec);
     return static_cast<size_t>(physical * (v / 100.0));
   }
+  auto bytes = parse_bytes(spec);
+  if (!bytes)
+    return Status::invalid("residency limit {} (or a percent of RAM, e.g. 70%)",
+                           bytes.status().message());
+  return bytes;
+}
+
+Result<size_t> parse_bytes(std::string_view spec) {
+  double v = 0;
+  std::string unit;
+  if (!split_number(spec, &v, &unit))
+    return Status::invalid("'{}': expected bytes, e.g. 4096, 512M or 12G", spec);
   double scale = 0;
   if (unit.empty() || unit == "b") {
     scale = 1;
   } else {
     static constexpr const char* kUnits = "kmgt";
-    const char* at = unit.size() >= 1 ? std::strchr(kUnits, unit[0]) : nullptr;
+    const char* at = std::strchr(kUnits, unit[0]);
     const std::string rest = unit.substr(1);
     if (at != nullptr && (rest.empty() || rest == "b" || rest == "ib"))
       scale = std::ldexp(1.0, 10 * static_cast<int>(at - kUnits + 1));
   }
-  if (scale == 0) {
-    return Status::invalid("residency limit '{}': unknown unit '{}' (use K, M, G, T or %)", spec,
-                           unit);
-  }
-  if (v * scale > 1.8e19) return Status::invalid("residency limit '{}' is too large", spec);
+  if (scale == 0) return Status::invalid("'{}': unknown unit '{}' (use K, M, G or T)", spec, unit);
+  if (v * scale > 1.8e19) return Status::invalid("'{}' is too large", spec);
   return static_cast<size_t>(v * scale);
 }
 

@@ -5,7 +5,9 @@
 //   leave  a buffer leaves before it is freed; a committed one's removal is committed at once;
 //   follow the owner is the BufferObserver of the engine's allocators (core/buffer.h): buffers
 //          join when made and leave before they are freed, so no owner of a buffer can forget;
-//   tick   while idle (keepalive.h) the held ranges are checked and what was found out restored.
+//   tick   while idle (keepalive.h) the held ranges are checked and what was found out restored,
+//          and a budgeted slice of them is read, so memory the kernel cannot see evicted (a virtual
+//          machine's host reclaiming guest pages) is brought back in the tick, not in a request.
 //
 // Contract: ../shared/design/residency.md. Every public method is thread-safe.
 #pragma once
@@ -53,7 +55,10 @@ enum class Join {
 
 struct OwnerOptions {
   size_t budget[kMemoryKinds] = {0, 0};  // bytes per Memory kind; every member counts once
-  Faults* faults = nullptr;              // tests only
+  // Bytes each tick reads (Backend::touch), resuming where the last tick stopped; when the pages
+  // come back cold, that tick reads the whole set. 0: no touching.
+  size_t touch_per_tick = 0;
+  Faults* faults = nullptr;  // tests only
 };
 
 struct Stats {
@@ -69,6 +74,9 @@ struct Stats {
   uint64_t ticks = 0;
   uint64_t pages_checked = 0;    // by ticks, all together
   uint64_t pages_found_out = 0;  // by ticks: not resident when checked, then restored
+  uint64_t pages_touched = 0;    // by ticks
+  uint64_t touch_ns = 0;         // CPU time the ticks spent touching
+  uint64_t cold_sweeps = 0;      // ticks that found touched pages cold and read the whole set
   // Outside the set: buffers made through the allocators that could not join (they are used,
   // unheld), and staged members whose commit failed (dropped from the set).
   uint64_t follow_failures = 0;
@@ -78,6 +86,8 @@ struct Stats {
 // What one tick did.
 struct TickReport {
   uint64_t pages = 0, pages_found_out = 0;
+  uint64_t pages_touched = 0, touch_ns = 0;
+  bool cold = false;     // touched pages came back cold: the whole set was read
   bool stopped = false;  // `stop` was set: the tick ended early
   Status status;         // the first check or keepalive failure, if any
 };
@@ -109,7 +119,8 @@ class Owner final : public BufferObserver {
   // used unheld); the first such failure is returned.
   Status commit();
   // The tick: checks every held range in pieces, releasing the lock between them, and makes
-  // resident again what was found out; then the backend's keepalive. Ends early when *stop is set.
+  // resident again what was found out; touches the next touch_per_tick bytes (all of the set when
+  // they were cold); then the backend's keepalive. Ends early when *stop is set.
   TickReport tick(const std::atomic<bool>* stop = nullptr);
 
   Stats stats() const;
@@ -131,8 +142,18 @@ class Owner final : public BufferObserver {
   };
   using MemberAlloc = HookedAllocator<std::pair<const uintptr_t, Member>>;
   using Members = std::map<uintptr_t, Member, std::less<uintptr_t>, MemberAlloc>;
+  // A position in the held set, between pieces: the member starting at `key` (if its id is still
+  // `id`: not a new buffer at the same address), at `offset`.
+  struct Cursor {
+    uintptr_t key = 0;
+    uint64_t id = 0;
+    size_t offset = 0;
+  };
 
   Range range_of(Members::const_iterator it) const;
+  // Under mu_: the next piece of a held member at or after `c`, and `c` moved past it; false at the
+  // end of the set.
+  bool next_piece(Cursor& c, Range* piece) const;
   // The part of [r.begin, r.end), in whole units, that no committed member other than the one
   // starting at r.begin covers.
   Range exclusive(const Range& r) const;
@@ -146,6 +167,8 @@ class Owner final : public BufferObserver {
   std::vector<uintptr_t, HookedAllocator<uintptr_t>> staged_;  // guarded by mu_
   Stats stats_;                                                // guarded by mu_
   uint64_t next_id_ = 1;                                       // guarded by mu_
+  size_t touch_per_tick_;
+  Cursor touch_cursor_;  // guarded by mu_
 };
 
 }  // namespace tf::residency

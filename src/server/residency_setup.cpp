@@ -11,7 +11,8 @@ namespace tf::server {
 
 namespace rs = residency;
 
-std::unique_ptr<ServerResidency> ServerResidency::hold(const Model& model, size_t budget_bytes) {
+std::unique_ptr<ServerResidency> ServerResidency::hold(const Model& model, size_t budget_bytes,
+                                                       size_t touch_per_tick) {
   std::vector<rs::Range> set;
   size_t weights = 0, program = 0;
   for (const auto& f : model.checkpoint().files()) {
@@ -29,6 +30,7 @@ std::unique_ptr<ServerResidency> ServerResidency::hold(const Model& model, size_
   if (budget_bytes == 0) budget_bytes = rs::parse_budget("", rs::physical_memory_bytes()).value();
   rs::OwnerOptions oo;
   oo.budget[static_cast<int>(rs::Memory::kHost)] = budget_bytes;
+  oo.touch_per_tick = touch_per_tick;
   const auto t0 = std::chrono::steady_clock::now();
   auto owner = rs::Owner::hold(std::make_unique<rs::CpuBackend>(), oo, set);
   if (!owner) {
@@ -108,11 +110,23 @@ void ServerResidency::write_metrics(std::string& out) const {
       "(and made resident again).\n"
       "# TYPE tensorfold_residency_pages_found_out_total counter\n"
       "tensorfold_residency_pages_found_out_total {}\n"
+      "# HELP tensorfold_residency_pages_touched_total Held pages the ticks read.\n"
+      "# TYPE tensorfold_residency_pages_touched_total counter\n"
+      "tensorfold_residency_pages_touched_total {}\n"
+      "# HELP tensorfold_residency_touch_seconds_total CPU time the ticks spent reading held "
+      "pages.\n"
+      "# TYPE tensorfold_residency_touch_seconds_total counter\n"
+      "tensorfold_residency_touch_seconds_total {:.3f}\n"
+      "# HELP tensorfold_residency_cold_sweeps_total Ticks that found held pages cold (reclaimed "
+      "outside this kernel, e.g. by a virtual machine's host) and read the whole set.\n"
+      "# TYPE tensorfold_residency_cold_sweeps_total counter\n"
+      "tensorfold_residency_cold_sweeps_total {}\n"
       "# HELP tensorfold_residency_unheld_buffers_total Buffers the engine made that could not "
       "join or commit (used without residency).\n"
       "# TYPE tensorfold_residency_unheld_buffers_total counter\n"
       "tensorfold_residency_unheld_buffers_total {}\n",
-      s.members, s.ticks, s.pages_found_out, s.follow_failures + s.commit_failures);
+      s.members, s.ticks, s.pages_found_out, s.pages_touched, s.touch_ns / 1e9, s.cold_sweeps,
+      s.follow_failures + s.commit_failures);
 }
 
 void ServerResidency::write_metrics_off(std::string& out) {

@@ -17,9 +17,10 @@ namespace tf::server {
 
 class ServerResidency {
  public:
-  // The startup set within `budget_bytes` (0: 70% of RAM), or nullptr after one warning saying why
-  // the server runs without it.
-  static std::unique_ptr<ServerResidency> hold(const Model& model, size_t budget_bytes);
+  // The startup set within `budget_bytes` (0: 70% of RAM), each tick reading `touch_per_tick` bytes
+  // of it; or nullptr after one warning saying why the server runs without it.
+  static std::unique_ptr<ServerResidency> hold(const Model& model, size_t budget_bytes,
+                                               size_t touch_per_tick);
   ~ServerResidency();  // stop()
 
   // The observer for EngineOptions::buffers (follow).

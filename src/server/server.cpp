@@ -171,7 +171,7 @@ class Service {
     eo.ctx_size = o_.ctx_size;
     eo.threads = o_.threads;
     if (o_.residency) {
-      residency_ = ServerResidency::hold(*model_, o_.residency_budget);
+      residency_ = ServerResidency::hold(*model_, o_.residency_budget, o_.residency_touch);
       if (residency_) eo.buffers = residency_->observer();
     } else {
       spdlog::info("residency: off (--no-residency or TENSORFOLD_NO_RESIDENCY)");

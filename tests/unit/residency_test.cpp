@@ -427,6 +427,9 @@ TEST(Residency, BudgetAndDurationFlags) {
   EXPECT_EQ(*parse_budget("2 TB", ram), size_t{2} << 40);
   for (const char* bad : {"0%", "101%", "-5", "abc", "12X", "%", "1e400"})
     EXPECT_FALSE(parse_budget(bad, ram).is_ok()) << bad;
+  EXPECT_EQ(*parse_bytes("0"), 0u);
+  EXPECT_EQ(*parse_bytes("1G"), size_t{1} << 30);
+  EXPECT_FALSE(parse_bytes("5%").is_ok());
   using std::chrono::milliseconds;
   EXPECT_EQ(*parse_duration("1"), milliseconds(1000));
   EXPECT_EQ(*parse_duration("0.5s"), milliseconds(500));
@@ -498,6 +501,10 @@ class ProbingBackend final : public Backend {
     probe(r);
     return cpu_.check(r);
   }
+  Result<TouchResult> touch(const Range& r) override {
+    probe(r);
+    return cpu_.touch(r);
+  }
   std::atomic<uint64_t> probes{0};
 
  private:
@@ -514,7 +521,9 @@ TEST(Residency, FollowedBuffersLeaveBeforeTheyAreFreed) {
   const size_t base = locked_pages();
   auto backend = std::make_unique<ProbingBackend>();
   ProbingBackend* probing = backend.get();
-  Owner owner(std::move(backend), options(size_t{1} << 30));
+  OwnerOptions o = options(size_t{1} << 30);
+  o.touch_per_tick = 1 << 20;
+  Owner owner(std::move(backend), o);
   std::atomic<bool> done{false};
   // A second thread commits and ticks all the while, as the keepalive does.
   std::thread ticker([&] {
@@ -550,8 +559,9 @@ TEST(Residency, EngineStatesAreFollowedAndAllLeave) {
   auto model = Model::load(dir.path());
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   const size_t base = locked_pages();
-  auto backend = std::make_unique<ProbingBackend>();
-  Owner owner(std::move(backend), options(size_t{1} << 30));
+  OwnerOptions o = options(size_t{1} << 30);
+  o.touch_per_tick = 1 << 20;
+  Owner owner(std::make_unique<ProbingBackend>(), o);
   {
     std::atomic<int> woken{0};
     EngineOptions eo;
@@ -625,6 +635,78 @@ TEST(Residency, TickFindsPagesOutAndMakesThemResidentAgain) {
   }
   munmap(p, n * kPage);
   EXPECT_EQ(locked_pages(), base);
+}
+
+// A CPU backend whose touches are recorded, and reported cold on demand.
+class TouchRecorder final : public Backend {
+ public:
+  const char* name() const override { return "recording cpu"; }
+  size_t granularity() const override { return cpu_.granularity(); }
+  bool supports(Memory m) const override { return cpu_.supports(m); }
+  Status prepare(size_t b) override { return cpu_.prepare(b); }
+  Status add(const Range& r) override { return cpu_.add(r); }
+  void remove(const Range& m, const Range& e) noexcept override { cpu_.remove(m, e); }
+  Result<CheckResult> check(const Range& r) override { return cpu_.check(r); }
+  Result<TouchResult> touch(const Range& r) override {
+    auto t = cpu_.touch(r);
+    touched.push_back(r.data);
+    if (t && cold) t->cpu_ns = 2000 * t->pages;  // as a page the host had reclaimed costs
+    if (t && !cold) t->cpu_ns = 100 * t->pages;
+    return t;
+  }
+  std::vector<const void*> touched;
+  bool cold = false;
+
+ private:
+  CpuBackend cpu_;
+};
+
+TEST(Residency, TicksTouchABudgetedSliceInTurnAndEverythingWhenCold) {
+  Block blk(6);
+  auto backend = std::make_unique<TouchRecorder>();
+  TouchRecorder* rec = backend.get();
+  OwnerOptions o = options(1 << 20);
+  o.touch_per_tick = 2 * kPage;
+  Owner owner(std::move(backend), o);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(owner.join(blk.at(i, 1), Join::kCommit).is_ok());
+  ASSERT_TRUE(owner.join(blk.at(5, 1), Join::kStage).is_ok());  // staged: never touched
+  auto page = [&](int i) { return blk.at(i, 1).data; };
+  TickReport r = owner.tick();
+  EXPECT_EQ(rec->touched, (std::vector<const void*>{page(0), page(1)}));
+  EXPECT_EQ(r.pages_touched, 2u);
+  EXPECT_FALSE(r.cold);
+  rec->touched.clear();
+  (void)owner.tick();
+  (void)owner.tick();  // round the set and on: 2, 3 | 4, 0
+  EXPECT_EQ(rec->touched, (std::vector<const void*>{page(2), page(3), page(4), page(0)}));
+  // The members around the cursor change between ticks: it goes on from the next one.
+  owner.leave(page(1));
+  rec->touched.clear();
+  (void)owner.tick();
+  EXPECT_EQ(rec->touched, (std::vector<const void*>{page(2), page(3)}));
+  // Cold pages: that tick reads the whole set, once.
+  rec->cold = true;
+  rec->touched.clear();
+  r = owner.tick();
+  EXPECT_TRUE(r.cold);
+  EXPECT_EQ(rec->touched, (std::vector<const void*>{page(4), page(0), page(2), page(3)}));
+  EXPECT_EQ(owner.stats().cold_sweeps, 1u);
+  EXPECT_EQ(owner.stats().pages_touched, 2u + 4u + 2u + 4u);
+  // A stopped tick touches nothing.
+  std::atomic<bool> stop{true};
+  rec->touched.clear();
+  EXPECT_TRUE(owner.tick(&stop).stopped);
+  EXPECT_TRUE(rec->touched.empty());
+}
+
+TEST(Residency, TouchReadsEveryPageOfARange) {
+  Block blk(4);
+  CpuBackend cpu;
+  auto t = cpu.touch(blk.at(0.5, 3));  // pages 0 (from its middle), 1, 2, 3 (to its middle)
+  ASSERT_TRUE(t.is_ok());
+  EXPECT_EQ(t->pages, 4u);
+  t = cpu.touch(blk.at(1, 2));
+  EXPECT_EQ(t->pages, 2u);
 }
 
 TEST(Residency, KeepaliveTicksWhileIdleWithinTheWindowAndStopsAtOnce) {
