@@ -168,7 +168,8 @@ class Owner final : public BufferObserver {
   Stats stats_;                                                // guarded by mu_
   uint64_t next_id_ = 1;                                       // guarded by mu_
   size_t touch_per_tick_;
-  Cursor touch_cursor_;  // guarded by mu_
+  Cursor touch_cursor_;          // guarded by mu_
+  double warm_ns_per_page_ = 0;  // guarded by mu_: what touching a warm page costs (0: not known)
 };
 
 }  // namespace tf::residency
