@@ -110,7 +110,7 @@ Status Owner::join(const Range& r, Join mode) {
            "{} [{}, +{}) overlaps a member", r.what, r.data, r.bytes);
 
   Stats::PerMemory& pm = per(r.memory);
-  if (pm.held + pm.staged + r.bytes > pm.budget) {
+  if (r.bytes > pm.budget - (pm.held + pm.staged)) {  // held + staged <= budget, always
     pm.refused += r.bytes;
     return Status(
         StatusCode::kResourceExhausted,
