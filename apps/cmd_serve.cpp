@@ -102,7 +102,8 @@ void add_serve(CLI::App& app) {
          "--residency-touch",
          [o](const std::string& v) { o->residency_touch = residency::parse_bytes(v).value(); },
          "Bytes of the held set each idle tick reads, so pages reclaimed outside this kernel (a "
-         "virtual machine's host) come back in the tick, not in a request; 0: none [default: 256M]")
+         "virtual machine's host) come back in the tick, not in a request; e.g. 256M [default: 0, "
+         "none]")
       ->check([](const std::string& v) -> std::string {
         auto b = residency::parse_bytes(v);
         return b ? "" : b.status().message();

@@ -2,7 +2,7 @@
 // mmap'd weights, program text) the way another program's working set would. For the residency
 // benchmark (bench/residency_idle.sh); not a test.
 //
-//   memory_pressure [--reserve-mib 1536] [--hold-ms 500] [--max-gib 0]
+//   memory_pressure [--reserve-mib 1536] [--hold-ms 500] [--max-gib 0] [--thp 1]
 //
 // Safety on a shared machine: it sets its own oom_score_adj to 1000 (the OOM killer takes it
 // first), fills in 64 MiB steps and stops as soon as MemAvailable falls to the reserve (or at
@@ -38,6 +38,7 @@ size_t mem_available() {
 int main(int argc, char** argv) {
   size_t reserve = size_t{1536} << 20, max_bytes = 0;
   int hold_ms = 500;
+  bool thp = true;  // ask for transparent huge pages (the kernel compacts memory to make them)
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const double v = std::atof(argv[i + 1]);
@@ -45,6 +46,8 @@ int main(int argc, char** argv) {
       reserve = static_cast<size_t>(v * 1048576);
     else if (a == "--hold-ms")
       hold_ms = static_cast<int>(v);
+    else if (a == "--thp")
+      thp = v != 0;
     else if (a == "--max-gib")
       max_bytes = static_cast<size_t>(v * 1073741824.0);
     else {
@@ -67,7 +70,8 @@ int main(int argc, char** argv) {
     if (max_bytes != 0 && filled + step > max_bytes) break;
     void* p = mmap(nullptr, step, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) break;
-    madvise(p, step, MADV_HUGEPAGE);  // fewer faults: the fill is bound by zeroing, not faulting
+    if (thp)
+      madvise(p, step, MADV_HUGEPAGE);  // fewer faults: the fill is bound by zeroing, not faulting
 
     std::memset(p, 0x5a, step);
     chunks.push_back(p);

@@ -18,8 +18,8 @@
 # during the measured request are read from /proc. QUIET_GAPS repeats the gaps with no pressure.
 #
 # Environment: GAPS (default "2 6 30 60 120"), QUIET_GAPS (default "2 6 30"), BUSY_N (default 10),
-# MODES (default "held held-notouch unheld": the server with residency, with residency but no
-# touching in the tick (--residency-touch 0), and with --no-residency), RESERVE_MIB (what the pressure leaves available, default 1536),
+# MODES (default "held held-touch unheld": the server with residency, with residency and a tick
+# that also reads 256 MiB of the set (--residency-touch 256M), and with --no-residency), RESERVE_MIB (what the pressure leaves available, default 1536),
 # THREADS (default 2).
 set -euo pipefail
 bin=$(realpath "$1")
@@ -30,7 +30,7 @@ tokenizer=${5:-models/tiny-next}
 gaps=${GAPS:-2 6 30 60 120}
 quiet_gaps=${QUIET_GAPS-2 6 30}
 busy_n=${BUSY_N:-10}
-modes=${MODES:-held held-notouch unheld}
+modes=${MODES:-held held-touch unheld}
 reserve=${RESERVE_MIB:-1536}
 threads=${THREADS:-2}
 mkdir -p "$out"
@@ -84,7 +84,7 @@ echo "mode,kind,gap_s,actual_gap_s,latency_ms,after_ms,major_faults,minor_faults
 for mode in $modes; do
   case $mode in
     held) flags=() ;;
-    held-notouch) flags=(--residency-touch 0) ;;
+    held-touch) flags=(--residency-touch 256M) ;;
     unheld) flags=(--no-residency) ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac

@@ -11,10 +11,6 @@ namespace tf::residency {
 
 // The default host budget: this share of physical RAM.
 inline constexpr double kDefaultBudgetPercent = 70.0;
-// The default bytes each idle tick reads (OwnerOptions::touch_per_tick): 15-30 ms of one core per
-// tick when the pages are warm; a whole set of 8 GiB goes round in 32 ticks.
-inline constexpr size_t kDefaultTouchPerTick = size_t{256} << 20;
-
 // Physical RAM in bytes (sysconf).
 size_t physical_memory_bytes();
 
