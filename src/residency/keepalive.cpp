@@ -41,7 +41,7 @@ void Keepalive::loop() {
     if (cv_.wait_for(lock, o_.period, [&] { return stop_.load(); })) break;
     lock.unlock();
     if (Status s = owner_.commit(); !s && !warned_commit) {
-      warned_commit = true;  // later failures only count (tensorfold_residency_commit_failures)
+      warned_commit = true;  // later ones only count (tensorfold_residency_unheld_buffers_total)
       spdlog::warn("residency: a buffer could not be held and is used unheld: {}", s.message());
     }
     const Clock::time_point last{Clock::duration(last_arm_.load())};
