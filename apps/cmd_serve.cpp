@@ -1,7 +1,10 @@
 // tensorfold serve: the OpenAI-compatible HTTP server (see src/server/server.h and the README).
 #include <cstdlib>
 
+#include <string>
+
 #include "apps/commands.h"
+#include "residency/options.h"
 #include "server/server.h"
 
 namespace tf::app {
@@ -63,10 +66,58 @@ void add_serve(CLI::App& app) {
          },
          "text or json")
       ->check(CLI::IsMember({"text", "json"}));
+  // Residency (../shared/design/residency.md).
+  cmd->add_flag_callback(
+      "--no-residency", [o] { o->residency = false; },
+      "Do not hold the engine's buffers resident (or TENSORFOLD_NO_RESIDENCY=1)");
+  cmd->add_option_function<std::string>(
+         "--residency-limit",
+         [o](const std::string& v) {
+           o->residency_budget =
+               residency::parse_budget(v, residency::physical_memory_bytes()).value();
+         },
+         "Residency budget: bytes (e.g. 12G) or percent of RAM (e.g. 70%) [default: 70%]")
+      ->check([](const std::string& v) -> std::string {
+        auto b = residency::parse_budget(v, residency::physical_memory_bytes());
+        if (!b) return b.status().message();
+        return *b == 0 ? "the residency limit must be more than 0 bytes" : "";
+      });
+  auto duration = [](int64_t* ms) {
+    return [ms](const std::string& v) { *ms = residency::parse_duration(v).value().count(); };
+  };
+  auto positive_duration = [](const std::string& v) -> std::string {
+    auto d = residency::parse_duration(v);
+    if (!d) return d.status().message();
+    return d->count() <= 0 ? "the duration must be at least 1 ms" : "";
+  };
+  cmd->add_option_function<std::string>(
+         "--residency-tick", duration(&o->residency_tick_ms),
+         "Keepalive tick period while idle (e.g. 1s, 250ms) [default: 1s]")
+      ->check(positive_duration);
+  cmd->add_option_function<std::string>(
+         "--keep-warm", duration(&o->keep_warm_ms),
+         "Ticks go on this long after the last request (e.g. 10m, 0 = never) "
+         "[default: 10m]")
+      ->check([](const std::string& v) -> std::string {
+        auto d = residency::parse_duration(v);
+        return d ? "" : d.status().message();
+      });
+  cmd->add_option_function<std::string>(
+         "--residency-touch",
+         [o](const std::string& v) { o->residency_touch = residency::parse_bytes(v).value(); },
+         "Bytes of the held set each idle tick reads, so pages reclaimed outside this kernel (a "
+         "virtual machine's host) come back in the tick, not in a request; e.g. 256M [default: 0, "
+         "none]")
+      ->check([](const std::string& v) -> std::string {
+        auto b = residency::parse_bytes(v);
+        return b ? "" : b.status().message();
+      });
   cmd->callback([o] {
     if (o->api_key.empty()) {
       if (const char* k = std::getenv("TENSORFOLD_API_KEY")) o->api_key = k;
     }
+    if (const char* v = std::getenv("TENSORFOLD_NO_RESIDENCY"); v && *v && std::string(v) != "0")
+      o->residency = false;
     exit_code() = server::run_server(*o);
   });
 }

@@ -67,6 +67,7 @@ class Loader {
   const void* aligned(const TensorView& t) {
     if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) == 0) return t.data;
     w_->owned.emplace_back(new char[t.nbytes]);
+    w_->owned_bytes.push_back(t.nbytes);
     std::memcpy(w_->owned.back().get(), t.data, t.nbytes);
     return w_->owned.back().get();
   }
@@ -141,6 +142,25 @@ Status load_mlp(const Checkpoint& ckpt, Loader& ld, const ModelConfig& c, int64_
 }
 
 }  // namespace
+
+void Weights::for_each_owned(const std::function<void(const void*, size_t)>& fn) const {
+  auto vec = [&](const std::vector<float>& v) {
+    if (!v.empty()) fn(v.data(), v.size() * sizeof(float));
+  };
+  auto layer = [&](const LayerWeights& L) {
+    for (const auto* v : {&L.input_norm, &L.post_norm, &L.q_norm, &L.k_norm, &L.conv, &L.dt_bias,
+                          &L.neg_exp_a, &L.gnorm, &L.shared_gate})
+      vec(*v);
+  };
+  vec(final_norm);
+  for (const LayerWeights& L : layers) layer(L);
+  if (mtp) {
+    for (const auto* v : {&mtp->pre_fc_norm_embedding, &mtp->pre_fc_norm_hidden, &mtp->norm})
+      vec(*v);
+    layer(mtp->layer);
+  }
+  for (size_t i = 0; i < owned.size(); ++i) fn(owned[i].get(), owned_bytes[i]);
+}
 
 Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt,
                                               const LoadProgress& progress) {

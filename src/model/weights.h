@@ -60,8 +60,13 @@ struct Weights {
   std::vector<LayerWeights> layers;
   std::unique_ptr<MtpWeights> mtp;  // null when the checkpoint has no mtp.* tensors
   size_t bytes_mapped = 0;          // bytes of matrices viewed in the checkpoint
-  // Copies made where a tensor was not aligned to its element size.
+  // Copies made where a tensor was not aligned to its element size, and their sizes.
   std::vector<std::unique_ptr<char[]>> owned;
+  std::vector<size_t> owned_bytes;
+
+  // Every buffer the Weights own (the fp32 vectors and the aligned copies; the matrices are views
+  // of the checkpoint's mapping), for the residency owner to hold.
+  void for_each_owned(const std::function<void(const void* data, size_t bytes)>& fn) const;
 };
 
 // Called with (tensors loaded, tensors in the checkpoint) as loading advances.

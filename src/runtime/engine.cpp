@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace tf {
 
@@ -106,15 +107,26 @@ EngineStats Engine::stats() const {
   return s;
 }
 
+void Engine::wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+  }
+  cv_.notify_all();
+}
+
 void Engine::loop() {
   for (;;) {
+    bool wake = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
-        return stop_ || !cancels_.empty() || sched_.waiting() > 0 || sched_.running() > 0;
+        return stop_ || wake_ || !cancels_.empty() || sched_.waiting() > 0 || sched_.running() > 0;
       });
       if (stop_) break;
+      wake = std::exchange(wake_, false);
     }
+    if (wake) pool_.wake();
     step();
   }
   // Shutdown: everything still known ends as cancelled.

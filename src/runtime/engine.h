@@ -94,6 +94,9 @@ class Engine {
   // state is freed. Safe from any thread, at any point; unknown or finished ids are ignored.
   void cancel(uint64_t id);
   EngineStats stats() const;
+  // Wakes the engine thread and its worker pool once; returns at once. Safe from any thread (the
+  // residency tick keeps them warm between requests).
+  void wake();
   const Model& model() const { return model_; }
   const EngineOptions& options() const { return o_; }
 
@@ -131,6 +134,7 @@ class Engine {
   StatePool states_;                                    // engine thread only
   uint64_t next_id_ = 1;
   bool stop_ = false;
+  bool wake_ = false;  // guarded by mu_
   EngineStats stats_;
   std::thread thread_;
 };

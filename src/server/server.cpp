@@ -22,6 +22,7 @@
 #include "runtime/engine.h"
 #include "server/openai_api.h"
 #include "server/output_parser.h"
+#include "server/residency_setup.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -171,7 +172,17 @@ class Service {
     eo.ctx_size = o_.ctx_size;
     eo.threads = o_.threads;
     eo.state_cache_bytes = o_.state_cache_bytes;
+    if (o_.residency) {
+      residency_ = ServerResidency::hold(*model_, o_.residency_budget, o_.residency_touch);
+      if (residency_) eo.buffers = residency_->observer();
+    } else {
+      spdlog::info("residency: off (--no-residency or TENSORFOLD_NO_RESIDENCY)");
+    }
     engine_ = std::make_unique<Engine>(*model_, eo);
+    if (residency_) {
+      residency_->start(*engine_, {std::chrono::milliseconds(o_.residency_tick_ms),
+                                   std::chrono::milliseconds(o_.keep_warm_ms)});
+    }
     ready_ = true;
     spdlog::info("model {} loaded from {} in {:.2f} s ({} layers, vocab {}); serving",
                  o_.model_name, o_.model_dir, seconds(Clock::now() - t0),
@@ -179,8 +190,13 @@ class Service {
     return true;
   }
 
+  ~Service() {
+    if (residency_) residency_->stop();  // its tick wakes the engine: stop it first
+  }
+
   void shutdown() {
     stopping_ = true;
+    if (residency_) residency_->stop();
     if (engine_) engine_->shutdown();
   }
   bool failed() const { return failed_; }
@@ -281,6 +297,10 @@ class Service {
         "# HELP tensorfold_state_cache_keep_jobs Turn-end keep jobs queued or running.\n"
         "# TYPE tensorfold_state_cache_keep_jobs gauge\ntensorfold_state_cache_keep_jobs {}\n",
         p.cached_tokens, p.entries, p.bytes, p.max_bytes, p.evictions, s.keep_tokens, s.keeping);
+    if (ready_ && residency_)  // set before ready_, by the loading thread
+      residency_->write_metrics(out);
+    else
+      ServerResidency::write_metrics_off(out);
     res.set_content(out, "text/plain; version=0.0.4");
   }
 
@@ -296,6 +316,7 @@ class Service {
       error(res, *e);
       return count(endpoint, res.status);
     }
+    if (residency_) residency_->arm();
     auto g = std::make_shared<Generation>();
     g->api = std::move(std::get<ApiRequest>(parsed));
     g->start = Clock::now();
@@ -600,6 +621,7 @@ class Service {
   }
 
   void finish_log(const Generation& g, const char* endpoint, int status) {
+    if (residency_) residency_->arm();  // the keep-warm window runs from the last request's end
     {
       std::lock_guard<std::mutex> lock(metrics_.mu);
       ++metrics_.requests[{endpoint, status}];
@@ -633,6 +655,7 @@ class Service {
   std::unique_ptr<Model> model_;
   std::unique_ptr<tok::Tokenizer> tokenizer_;
   std::unique_ptr<tok::ChatTemplate> template_;
+  std::unique_ptr<ServerResidency> residency_;  // after the model, before the engine it follows
   std::unique_ptr<Engine> engine_;
   std::vector<int32_t> stop_tokens_;
   std::atomic<bool> ready_{false}, stopping_{false};

@@ -16,10 +16,11 @@ function freePort() {
   });
 }
 
-export async function startServer(extra = []) {
+export async function startServer(extra = [], env = {}) {
   const port = await freePort();
   const proc = spawn(BIN, ['serve', '--model', MODEL, '--port', String(port), '--threads', '2', ...extra], {
     stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, ...env },
   });
   let log = '';
   proc.stdout.on('data', (d) => (log += d));
