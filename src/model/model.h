@@ -24,17 +24,55 @@ inline constexpr int64_t kDeltaChunk = 64;
 
 // The state of one sequence after n_past tokens. Copyable on purpose: a copy is a snapshot. Its
 // buffers are FloatBufs, so the observer given to Model::new_state follows them and their copies.
+//
+// Notation: x[p] is the token fed at position p; H[p] is the target's final normed hidden state
+// there (the model.norm output that feeds lm_head).
 struct SequenceState {
   int64_t n_past = 0;
   struct Attention {
-    FloatBuf k, v;  // [n_past, n_kv, D] each, post-norm, post-RoPE keys
+    FloatBuf k, v;  // [rows, n_kv, D] each, post-norm, post-RoPE keys
   };
   struct DeltaNet {
     FloatBuf conv;  // [K-1, conv_dim]: the last K-1 pre-conv inputs, oldest first
     FloatBuf S;     // [Hv, Dk, Dv] fp32 recurrent state
   };
-  std::vector<Attention> attn;  // one per layer (empty for GDN layers)
+  std::vector<Attention> attn;  // one per layer (empty for GDN layers); rows = n_past
   std::vector<DeltaNet> delta;  // one per layer (empty for attention layers)
+
+  // The MTP head's state (qwen3-next.md §6), kept only when `has_mtp` (Model::new_state(.., true)).
+  // Every forward keeps it complete, so drafting can start after any step:
+  //   mtp_kv: the MTP layer's own cache, rows = max(n_past - 1, 0); row p was computed from
+  //     (H[p], x[p+1]), exactly as the head's own forward at p would write it;
+  //   mtp_hidden: [H] = H[n_past - 1] (empty while n_past == 0), waiting for x[n_past].
+  bool has_mtp = false;
+  Attention mtp_kv;
+  FloatBuf mtp_hidden;
+
+  // A verify step (StepInput::verify) of T tokens fed at positions base..base+T-1 leaves what
+  // rollback() needs here; rollback() closes the window (base < 0). The buffers are scratch that
+  // keeps its size between windows (so the next verify step does not re-allocate or re-zero it);
+  // release_verify() frees it, e.g. before keeping a copy of the state.
+  struct Verify {
+    int64_t base = -1;  // n_past before the verify step; < 0: no window open
+    int64_t T = 0;
+    std::vector<FloatBuf> conv_hist;  // per GDN layer: [(K-1) + T, conv_dim], old conv state + new
+    std::vector<FloatBuf> S_hist;     // per GDN layer: [>= T, Hv, Dk, Dv], S after each token
+    FloatBuf hidden;                  // [T, H]: H[base + t] (has_mtp only)
+  } verify;
+
+  // Sizes of one row of the buffers above, set by Model::new_state.
+  int64_t kv_row = 0;     // n_kv * D floats per attention cache row (target layers and MTP)
+  int64_t conv_rows = 0;  // K - 1
+  int64_t hidden_size = 0;
+
+  // Closes the verify window opened by the last forward step: the state becomes exactly (every
+  // buffer, bit for bit) the state after feeding the first n - base tokens of that step one at a
+  // time. Requires base < n <= n_past; n == n_past keeps everything. The GDN conv and recurrent
+  // state come from the per-position snapshots, attention and MTP caches are truncated, the MTP
+  // hidden state is H[n - 1]. Buffers keep their capacity for the next window.
+  void rollback(int64_t n);
+  // Frees the verify scratch (no window may be open).
+  void release_verify();
 
   // Bytes held by the buffers (capacity, as allocated).
   size_t bytes() const;
@@ -45,6 +83,29 @@ struct StepInput {
   SequenceState* state;
   std::span<const int32_t> tokens;  // new tokens, fed at positions state->n_past ...
   bool all_logits = false;          // logits for every token (else only the last)
+  // Verify step of speculative decoding: tokens = [x, d_1 .. d_k] (the sampled token and k
+  // drafts). Every position is computed with exactly the arithmetic of a one-token decode (token
+  // recurrence of the delta rule, per-token conv, decode attention rows, per-row everything else),
+  // so its logits row equals, bit for bit, the row a one-at-a-time decode of the same tokens
+  // gives. Logits for every token; the state opens a verify window that the caller must close
+  // with state->rollback(n) before the sequence's next step.
+  bool verify = false;
+};
+
+// One sequence's drafting request (Model::draft).
+struct DraftInput {
+  SequenceState* state;  // has_mtp, n_past >= 1, no verify window open; not changed by draft()
+  int32_t next_token;    // x[n_past]: the token sampled from the last logits row, not fed yet
+  int max_tokens = 1;    // k: draft at most this many tokens
+  float p_min = 0.0f;    // adaptive gate: stop before a draft whose top probability is below p_min
+  bool want_logits = false;
+};
+
+// Drafts d_1..d_j (j <= k) for x[n_past + 1]..x[n_past + j].
+struct Draft {
+  std::vector<int32_t> tokens;  // [j] the head's argmax at each step (lowest id on ties)
+  std::vector<float> top_prob;  // [j] softmax probability of that argmax
+  std::vector<float> logits;    // [j, vocab] when want_logits
 };
 
 class Model {
@@ -56,8 +117,12 @@ class Model {
   const Weights& weights() const { return *weights_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 
-  // A fresh state (n_past 0) whose buffers report to `observer` (nullptr: none).
-  SequenceState new_state(BufferObserver* observer = nullptr) const;
+  bool has_mtp() const { return weights_->mtp != nullptr; }
+
+  // A fresh state (n_past 0) whose buffers report to `observer` (nullptr: none). With `mtp` (the
+  // model must have an MTP head) every forward also keeps the head's state, so that draft() can
+  // run after any step; that costs one fc + k/v projection row of the head per token fed.
+  SequenceState new_state(BufferObserver* observer = nullptr, bool mtp = false) const;
 
   // Runs one step. Appends logits rows ([vocab] each) to *logits in order: for each input, every
   // token's row if all_logits, else its last token's row. Advances each state by its token count.
@@ -65,15 +130,36 @@ class Model {
   void forward(std::span<const StepInput> inputs, std::vector<float>* logits,
                ThreadPool* pool) const;
 
+  // Chained MTP drafting (§6), batched over sequences. For each input, step s = 1..k runs the
+  // head at position n_past - 2 + s on (h, t): step 1 on (H[n_past - 1], next_token), step s > 1
+  // on the head's own output hidden state and draft of step s - 1; d_s is its argmax. Stops at
+  // max_tokens or before the first draft whose top probability is below p_min. The head's KV rows
+  // of the draft positions are scratch: each state is left exactly as it was. out: one per input.
+  void draft(std::span<const DraftInput> inputs, std::span<Draft> out, ThreadPool* pool) const;
+
   // Bytes read from weights to decode one token (active experts only): the roofline's numerator.
   double decode_bytes_per_token() const;
 
  private:
-  struct Scratch;
-  void attention_layer(const LayerWeights& L, int64_t li, std::span<const StepInput> in,
-                       const float* xn, float* y, ThreadPool* pool) const;
+  // Rows of one sequence in an attention layer: T new rows at positions pos0.. of `cache`.
+  struct AttnRows {
+    SequenceState::Attention* cache;
+    int64_t pos0, T;
+  };
+  // Appends the post-norm, post-RoPE keys and the values of xn's rows to their caches.
+  void append_kv(const LayerWeights& L, std::span<const AttnRows> seqs, const float* xn,
+                 ThreadPool* pool) const;
+  void attention_layer(const LayerWeights& L, std::span<const AttnRows> seqs, const float* xn,
+                       float* y, ThreadPool* pool) const;
   void deltanet_layer(const LayerWeights& L, int64_t li, std::span<const StepInput> in,
                       const float* xn, float* y, ThreadPool* pool) const;
+  // The MTP head's KV rows for the tokens a step feeds (see SequenceState::mtp_kv), and its
+  // mtp_hidden / verify.hidden from the step's final normed hidden states h [N, H].
+  void mtp_catch_up(std::span<const StepInput> inputs, std::span<const int64_t> n0, const float* h,
+                    ThreadPool* pool) const;
+  // The head's fc input per row r: [rmsnorm(embed(toks[r])) | rmsnorm(hidden[r])], u: [n, 2H].
+  void mtp_input(std::span<const int32_t> toks, std::span<const float* const> hidden,
+                 float* u) const;
   void moe(const LayerWeights& L, const float* xn, int64_t N, float* y, ThreadPool* pool) const;
   void ffn(const FfnWeights& f, const float* x, int64_t N, float* y, ThreadPool* pool) const;
 

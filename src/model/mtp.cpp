@@ -1,0 +1,87 @@
+#include "model/mtp.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/check.h"
+
+namespace tf {
+
+int32_t argmax_row(std::span<const float> row) {
+  int32_t best = 0;
+  for (size_t i = 1; i < row.size(); ++i) {
+    if (row[i] > row[best]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
+int64_t accept_greedy(std::span<const float> logits, int64_t vocab,
+                      std::span<const int32_t> drafts) {
+  const int64_t j = static_cast<int64_t>(drafts.size());
+  TF_CHECK(static_cast<int64_t>(logits.size()) == (j + 1) * vocab, "{} logits for {} drafts",
+           logits.size(), j);
+  int64_t m = 0;
+  while (m < j && argmax_row(logits.subspan(m * vocab, vocab)) == drafts[m]) ++m;
+  return m;
+}
+
+std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int32_t first,
+                                   const GreedyOptions& o, ThreadPool* pool, DraftStats* stats) {
+  using Clock = std::chrono::steady_clock;
+  auto secs = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  DraftStats local;
+  DraftStats& st = stats ? *stats : local;
+  const int64_t V = model.config().vocab_size;
+  std::vector<int32_t> out;
+  std::vector<int32_t> feed;
+  std::vector<float> logits;
+  Draft d;
+  // Appends t; true when generation is over.
+  auto emit = [&](int32_t t) {
+    out.push_back(t);
+    ++st.emitted;
+    return static_cast<int>(out.size()) >= o.max_tokens ||
+           std::find(o.stop_tokens.begin(), o.stop_tokens.end(), t) != o.stop_tokens.end();
+  };
+  int32_t tok = first;
+  while (!emit(tok)) {
+    d.tokens.clear();
+    const int room = o.max_tokens - static_cast<int>(out.size());  // tokens still wanted, >= 1
+    if (o.draft_max > 0 && room > 1) {
+      const auto t0 = Clock::now();
+      // More drafts than tokens still wanted would be wasted: at most room - 1 (+ the bonus).
+      const DraftInput in{state, tok, std::min(o.draft_max, room - 1), o.draft_p_min};
+      model.draft({&in, 1}, {&d, 1}, pool);
+      st.draft_seconds += secs(t0);
+    }
+    feed.assign(1, tok);
+    feed.insert(feed.end(), d.tokens.begin(), d.tokens.end());
+    const int64_t base = state->n_past;
+    const bool verify = !d.tokens.empty();
+    const auto t0 = Clock::now();
+    logits.clear();
+    const StepInput step{state, feed, false, verify};
+    model.forward({&step, 1}, &logits, pool);
+    ++st.target_passes;
+    if (!verify) {
+      st.verify_seconds += secs(t0);
+      tok = argmax_row(logits);
+      continue;
+    }
+    const int64_t m = accept_greedy(logits, V, d.tokens);
+    state->rollback(base + 1 + m);
+    st.verify_seconds += secs(t0);
+    ++st.verify_steps;
+    st.drafted += static_cast<int64_t>(d.tokens.size());
+    st.accepted += m;
+    bool done = false;
+    for (int64_t i = 0; i < m && !done; ++i) done = emit(d.tokens[i]);
+    if (done) break;
+    tok = argmax_row(std::span<const float>(logits).subspan(m * V, V));
+  }
+  return out;
+}
+
+}  // namespace tf
