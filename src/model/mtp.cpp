@@ -25,6 +25,40 @@ int64_t accept_greedy(std::span<const float> logits, int64_t vocab,
   return m;
 }
 
+namespace {
+constexpr double kEma = 0.1;  // weight of the newest observation
+void ema(double* avg, double x) {
+  *avg = *avg == 0 ? x : *avg + kEma * (x - *avg);
+}
+}  // namespace
+
+DraftPolicy::DraftPolicy(int k_max, int probe_every)
+    : probe_every_(probe_every), cost_(std::max(k_max, 0) + 1, 0.0), last_(cost_.size(), -1) {}
+
+int DraftPolicy::next() {
+  const int n = static_cast<int>(cost_.size());
+  for (int k = 0; k < n; ++k) {
+    if (cost_[k] == 0) return k;  // not measured yet
+  }
+  int best = 0;
+  for (int k = 1; k < n; ++k) {
+    if (cost_[k] < cost_[best]) best = k;
+  }
+  if (n > 1 && steps_ % probe_every_ == probe_every_ - 1) {
+    int stale = best == 0 ? 1 : 0;  // the least recently used other k
+    for (int k = 0; k < n; ++k) {
+      if (k != best && last_[k] < last_[stale]) stale = k;
+    }
+    return stale;
+  }
+  return best;
+}
+
+void DraftPolicy::observe(int k, int emitted, double seconds) {
+  last_[k] = steps_++;
+  ema(&cost_[k], seconds / std::max(emitted, 1));
+}
+
 std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int32_t first,
                                    const GreedyOptions& o, ThreadPool* pool, DraftStats* stats) {
   using Clock = std::chrono::steady_clock;
@@ -45,16 +79,21 @@ std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int
     return static_cast<int>(out.size()) >= o.max_tokens ||
            std::find(o.stop_tokens.begin(), o.stop_tokens.end(), t) != o.stop_tokens.end();
   };
+  DraftPolicy policy(o.draft_max);
   int32_t tok = first;
   while (!emit(tok)) {
     d.tokens.clear();
     const int room = o.max_tokens - static_cast<int>(out.size());  // tokens still wanted, >= 1
-    if (o.draft_max > 0 && room > 1) {
+    // More drafts than tokens still wanted would be wasted: at most room - 1 (+ the bonus).
+    const int k = std::min(o.adaptive ? policy.next() : o.draft_max, room - 1);
+    double draft_s = 0;
+    if (k > 0) {
       const auto t0 = Clock::now();
-      // More drafts than tokens still wanted would be wasted: at most room - 1 (+ the bonus).
-      const DraftInput in{state, tok, std::min(o.draft_max, room - 1), o.draft_p_min};
+      const DraftInput in{state, tok, k, o.draft_p_min};
       model.draft({&in, 1}, {&d, 1}, pool);
-      st.draft_seconds += secs(t0);
+      draft_s = secs(t0);
+      st.draft_seconds += draft_s;
+      ++st.draft_calls;
     }
     feed.assign(1, tok);
     feed.insert(feed.end(), d.tokens.begin(), d.tokens.end());
@@ -66,15 +105,20 @@ std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int
     model.forward({&step, 1}, &logits, pool);
     ++st.target_passes;
     if (!verify) {
-      st.verify_seconds += secs(t0);
+      const double s = secs(t0);
+      st.verify_seconds += s;
+      policy.observe(k, 1, draft_s + s);
       tok = argmax_row(logits);
       continue;
     }
     const int64_t m = accept_greedy(logits, V, d.tokens);
     state->rollback(base + 1 + m);
-    st.verify_seconds += secs(t0);
+    const double s = secs(t0);
+    st.verify_seconds += s;
+    const int j = static_cast<int>(d.tokens.size());
+    policy.observe(k, static_cast<int>(m) + 1, draft_s + s);
     ++st.verify_steps;
-    st.drafted += static_cast<int64_t>(d.tokens.size());
+    st.drafted += j;
     st.accepted += m;
     bool done = false;
     for (int64_t i = 0; i < m && !done; ++i) done = emit(d.tokens[i]);

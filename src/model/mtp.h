@@ -31,6 +31,7 @@ int64_t accept_greedy(std::span<const float> logits, int64_t vocab,
 struct DraftStats {
   int64_t target_passes = 0;  // forward steps after the prompt
   int64_t verify_steps = 0;   // of which carried at least one draft
+  int64_t draft_calls = 0;    // draft() calls (a call may yield no draft under the gate)
   int64_t drafted = 0;        // draft tokens proposed
   int64_t accepted = 0;       // draft tokens accepted
   int64_t emitted = 0;        // tokens returned
@@ -46,11 +47,35 @@ struct DraftStats {
   }
 };
 
+// Adaptive drafting depth for one sequence: picks k for the next step (0: a plain decode step) by
+// the measured cost per emitted token of each k in 0..k_max, an exponential moving average over
+// the steps that used it, so that drafting is used only where it pays on this machine, for this
+// text (acceptance varies along a reply: a copied passage, then free prose). Every k is tried
+// once at the start; then, every `probe_every` steps, the least recently used other k is tried
+// again, so a change (the head getting better or worse) is noticed. It steers speed only: the
+// tokens are the same for any k.
+class DraftPolicy {
+ public:
+  explicit DraftPolicy(int k_max, int probe_every = 32);
+
+  int next();
+  // A step that asked for k drafts, emitted `emitted` tokens and took `seconds` in all.
+  void observe(int k, int emitted, double seconds);
+  // Estimated seconds per emitted token with k drafts (0: not measured yet).
+  double cost(int k) const { return cost_[k]; }
+
+ private:
+  int probe_every_, steps_ = 0;
+  std::vector<double> cost_;   // [k_max + 1]
+  std::vector<int64_t> last_;  // step at which each k was last used
+};
+
 struct GreedyOptions {
   int max_tokens = 16;               // tokens to return, first included
   std::vector<int32_t> stop_tokens;  // returned, then generation stops
-  int draft_max = 0;                 // k: drafts per step (0: plain decoding)
-  float draft_p_min = 0.0f;          // adaptive gate (DraftInput::p_min)
+  int draft_max = 0;                 // k: drafts per step at most (0: plain decoding)
+  float draft_p_min = 0.0f;          // confidence gate (DraftInput::p_min)
+  bool adaptive = true;              // choose k per step with a DraftPolicy (else always k)
 };
 
 // Greedy decoding of one sequence. `state` has been fed the prompt and `first` is the argmax of

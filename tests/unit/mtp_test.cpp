@@ -280,23 +280,55 @@ TEST_P(MtpTest, DraftedGreedyEqualsPlainGreedy) {
     const auto want = plain_greedy(prompt, n);
     for (int k : {1, 2, 4}) {
       for (float p_min : {0.0f, 0.2f}) {
-        std::vector<float> l;
-        SequenceState st = prefilled(prompt, &l);
-        GreedyOptions o;
-        o.max_tokens = n;
-        o.draft_max = k;
-        o.draft_p_min = p_min;
-        DraftStats stats;
-        const auto got = greedy_decode(*model_, &st, argmax_row(l), o, nullptr, &stats);
-        EXPECT_EQ(got, want) << "P " << P << " k " << k << " p_min " << p_min;
-        EXPECT_EQ(stats.emitted, n);
-        EXPECT_LE(stats.accepted, stats.drafted);
-        if (p_min == 0.0f) {
-          EXPECT_GT(stats.drafted, 0);
+        for (bool adaptive : {false, true}) {
+          std::vector<float> l;
+          SequenceState st = prefilled(prompt, &l);
+          GreedyOptions o;
+          o.max_tokens = n;
+          o.draft_max = k;
+          o.draft_p_min = p_min;
+          o.adaptive = adaptive;
+          DraftStats stats;
+          const auto got = greedy_decode(*model_, &st, argmax_row(l), o, nullptr, &stats);
+          EXPECT_EQ(got, want) << "P " << P << " k " << k << " p_min " << p_min << " " << adaptive;
+          EXPECT_EQ(stats.emitted, n);
+          EXPECT_LE(stats.accepted, stats.drafted);
+          if (p_min == 0.0f) {
+            EXPECT_GT(stats.drafted, 0);
+          }
         }
       }
     }
   }
+}
+
+// The policy measures every k once, then keeps to the cheapest per emitted token, probing the
+// least recently used other k once every probe_every steps, and follows a change of costs.
+TEST(MtpPolicy, PicksTheCheapestKAndProbes) {
+  DraftPolicy p(2, 4);
+  const double cost[] = {1.0, 0.7, 0.6};  // seconds per token with k = 0, 1, 2
+  for (int k = 0; k <= 2; ++k) {
+    ASSERT_EQ(p.next(), k);  // each k once, in order
+    p.observe(k, k + 1, cost[k] * (k + 1));
+  }
+  std::vector<int> picks;
+  for (int i = 0; i < 8; ++i) {
+    const int k = p.next();
+    picks.push_back(k);
+    p.observe(k, k + 1, cost[k] * (k + 1));
+  }
+  // Step 3 probes k = 0 (used longest ago), step 7 probes k = 1.
+  EXPECT_EQ(picks, (std::vector<int>{0, 2, 2, 2, 1, 2, 2, 2}));
+  // Drafting becomes slow (the text turned to prose): the policy moves to plain steps.
+  int plain = 0;
+  for (int i = 0; i < 60; ++i) {
+    const int k = p.next();
+    p.observe(k, 1, k == 0 ? 1.0 : 1.0 + 0.5 * k);
+    plain += i >= 40 && k == 0;
+  }
+  EXPECT_EQ(plain, 15);  // of the last 20 steps, all but the 5 probes
+  EXPECT_LT(p.cost(0), p.cost(1));
+  EXPECT_LT(p.cost(0), p.cost(2));
 }
 
 // --- An independent plain-C++ MTP head (scalar loops, double accumulation), for the formulas ---
