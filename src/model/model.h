@@ -125,8 +125,9 @@ class Model {
   SequenceState new_state(BufferObserver* observer = nullptr, bool mtp = false) const;
 
   // Runs one step. Appends logits rows ([vocab] each) to *logits in order: for each input, every
-  // token's row if all_logits, else its last token's row. Advances each state by its token count.
-  // Token ids must be in [0, vocab); the caller validates.
+  // token's row if all_logits or verify, else its last token's row. Advances each state by its
+  // token count. Token ids must be in [0, vocab); the caller validates. Inputs may mix prefill
+  // chunks, decode rows and verify steps; each row's result is the same as in any other batch.
   void forward(std::span<const StepInput> inputs, std::vector<float>* logits,
                ThreadPool* pool) const;
 

@@ -33,30 +33,46 @@ void ema(double* avg, double x) {
 }  // namespace
 
 DraftPolicy::DraftPolicy(int k_max, int probe_every)
-    : probe_every_(probe_every), cost_(std::max(k_max, 0) + 1, 0.0), last_(cost_.size(), -1) {}
+    : probe_base_(probe_every),
+      probe_every_(probe_every),
+      next_probe_(probe_every),
+      cost_(std::max(k_max, 0) + 1, 0.0),
+      last_(cost_.size(), -1) {}
+
+int DraftPolicy::best() const {
+  int b = 0;
+  for (int k = 1; k < static_cast<int>(cost_.size()); ++k) {
+    if (cost_[k] < cost_[b]) b = k;
+  }
+  return b;
+}
 
 int DraftPolicy::next() {
   const int n = static_cast<int>(cost_.size());
   for (int k = 0; k < n; ++k) {
     if (cost_[k] == 0) return k;  // not measured yet
   }
-  int best = 0;
-  for (int k = 1; k < n; ++k) {
-    if (cost_[k] < cost_[best]) best = k;
-  }
-  if (n > 1 && steps_ % probe_every_ == probe_every_ - 1) {
-    int stale = best == 0 ? 1 : 0;  // the least recently used other k
+  const int b = best();
+  if (n > 1 && steps_ >= next_probe_) {
+    int stale = b == 0 ? 1 : 0;  // the least recently used other k
     for (int k = 0; k < n; ++k) {
-      if (k != best && last_[k] < last_[stale]) stale = k;
+      if (k != b && last_[k] < last_[stale]) stale = k;
     }
+    probing_ = stale;
     return stale;
   }
-  return best;
+  return b;
 }
 
 void DraftPolicy::observe(int k, int emitted, double seconds) {
+  const int before = best();
   last_[k] = steps_++;
   ema(&cost_[k], seconds / std::max(emitted, 1));
+  if (k == probing_) {
+    probing_ = -1;
+    probe_every_ = best() == before ? std::min(2 * probe_every_, 8 * probe_base_) : probe_base_;
+    next_probe_ = steps_ + probe_every_;
+  }
 }
 
 std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int32_t first,

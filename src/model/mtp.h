@@ -52,8 +52,9 @@ struct DraftStats {
 // the steps that used it, so that drafting is used only where it pays on this machine, for this
 // text (acceptance varies along a reply: a copied passage, then free prose). Every k is tried
 // once at the start; then, every `probe_every` steps, the least recently used other k is tried
-// again, so a change (the head getting better or worse) is noticed. It steers speed only: the
-// tokens are the same for any k.
+// again, so a change (the head getting better or worse) is noticed. A probe that confirms the
+// choice doubles the interval (up to 8x), one that changes it resets it. It steers speed only:
+// the tokens are the same for any k.
 class DraftPolicy {
  public:
   explicit DraftPolicy(int k_max, int probe_every = 32);
@@ -65,7 +66,9 @@ class DraftPolicy {
   double cost(int k) const { return cost_[k]; }
 
  private:
-  int probe_every_, steps_ = 0;
+  int best() const;
+  int probe_base_, probe_every_, steps_ = 0, next_probe_;
+  int probing_ = -1;           // the k under probe, until observed
   std::vector<double> cost_;   // [k_max + 1]
   std::vector<int64_t> last_;  // step at which each k was last used
 };
