@@ -33,8 +33,7 @@ size_t SequenceState::bytes() const {
   n += mtp_kv.k.capacity() + mtp_kv.v.capacity() + mtp_hidden.capacity();
   for (const FloatBuf& b : verify.conv_hist) n += b.capacity();
   for (const FloatBuf& b : verify.S_hist) n += b.capacity();
-  n += verify.hidden.capacity();
-  return n * sizeof(float);
+  return n * sizeof(float) + mtp_tokens.capacity() * sizeof(int32_t);
 }
 
 void SequenceState::rollback(int64_t n) {
@@ -55,9 +54,10 @@ void SequenceState::rollback(int64_t n) {
       std::copy_n(verify.conv_hist[li].begin() + j * conv_dim, nc, d.conv.begin());
     }
     if (has_mtp) {
-      mtp_kv.k.resize((n - 1) * kv_row);
-      mtp_kv.v.resize((n - 1) * kv_row);
-      std::copy_n(verify.hidden.begin() + (j - 1) * hidden_size, hidden_size, mtp_hidden.begin());
+      // The verify step only collected pending rows (forward syncs outside verify steps only).
+      const int64_t R = static_cast<int64_t>(mtp_kv.k.size()) / kv_row;
+      mtp_hidden.resize((n - R) * hidden_size);
+      mtp_tokens.resize(n - 1 - R);
     }
     n_past = n;
   }
@@ -69,7 +69,6 @@ void SequenceState::release_verify() {
   TF_CHECK(verify.base < 0, "release_verify(): the verify window from {} is open", verify.base);
   for (FloatBuf& b : verify.conv_hist) FloatBuf(b.get_allocator()).swap(b);
   for (FloatBuf& b : verify.S_hist) FloatBuf(b.get_allocator()).swap(b);
-  FloatBuf(verify.hidden.get_allocator()).swap(verify.hidden);
 }
 
 SequenceState Model::new_state(BufferObserver* observer, bool mtp) const {
@@ -90,7 +89,6 @@ SequenceState Model::new_state(BufferObserver* observer, bool mtp) const {
   s.mtp_hidden = FloatBuf(alloc);
   s.verify.conv_hist.resize(c.num_hidden_layers, FloatBuf(alloc));
   s.verify.S_hist.resize(c.num_hidden_layers, FloatBuf(alloc));
-  s.verify.hidden = FloatBuf(alloc);
   s.kv_row = c.num_key_value_heads * c.head_dim;
   s.conv_rows = c.linear_conv_kernel_dim - 1;
   s.hidden_size = c.hidden_size;
@@ -167,56 +165,65 @@ void Model::forward(std::span<const StepInput> inputs, std::vector<float>* logit
   logits->resize(first + rows.size() * c.vocab_size);
   matmul(w.lm_head, hl.data(), static_cast<int64_t>(rows.size()), logits->data() + first, pool);
 
-  if (has_mtp()) mtp_catch_up(inputs, n0, h.data(), pool);
   for (const auto& in : inputs) in.state->n_past += static_cast<int64_t>(in.tokens.size());
+  if (has_mtp()) mtp_collect(inputs, n0, h.data(), pool);
 }
 
-void Model::mtp_catch_up(std::span<const StepInput> inputs, std::span<const int64_t> n0,
-                         const float* h, ThreadPool* pool) const {
-  const ModelConfig& c = config();
-  const MtpWeights& m = *weights_->mtp;
-  const int64_t H = c.hidden_size;
-  // Row i of a sequence's T tokens: position n0 - 1 + i, token x[n0 + i], hidden H[n0 - 1 + i]
-  // (the stored mtp_hidden for i = 0, this step's row i - 1 after); none at position -1.
-  std::vector<int32_t> toks;
-  std::vector<const float*> hid;
-  std::vector<AttnRows> seqs;
+void Model::mtp_collect(std::span<const StepInput> inputs, std::span<const int64_t> n0,
+                        const float* h, ThreadPool* pool) const {
+  const int64_t H = config().hidden_size;
+  std::vector<SequenceState*> due;
   int64_t row = 0;
   for (size_t s = 0; s < inputs.size(); ++s) {
     const StepInput& in = inputs[s];
     const int64_t T = static_cast<int64_t>(in.tokens.size());
     SequenceState& st = *in.state;
     if (st.has_mtp && T > 0) {
-      const int64_t first = n0[s] == 0 ? 1 : 0;
-      TF_CHECK(static_cast<int64_t>(st.mtp_kv.k.size()) == (n0[s] - 1 + first) * st.kv_row,
-               "MTP cache has {} floats at n_past {}", st.mtp_kv.k.size(), n0[s]);
-      for (int64_t i = first; i < T; ++i) {
-        toks.push_back(in.tokens[i]);
-        hid.push_back(i == 0 ? st.mtp_hidden.data() : h + (row + i - 1) * H);
-      }
-      if (T > first) seqs.push_back({&st.mtp_kv, n0[s] - 1 + first, T - first});
+      // x[0] follows no position; every later token is the next token of the position before.
+      st.mtp_hidden.insert(st.mtp_hidden.end(), h + row * H, h + (row + T) * H);
+      st.mtp_tokens.insert(st.mtp_tokens.end(), in.tokens.begin() + (n0[s] == 0 ? 1 : 0),
+                           in.tokens.end());
+      if (!in.verify && st.mtp_tokens.size() >= kMtpSyncRows) due.push_back(&st);
     }
     row += T;
+  }
+  if (!due.empty()) mtp_sync(due, pool);
+}
+
+void Model::mtp_sync(std::span<SequenceState* const> states, ThreadPool* pool) const {
+  const ModelConfig& c = config();
+  const MtpWeights& m = *weights_->mtp;
+  const int64_t H = c.hidden_size;
+  // Pending row i of a state: position R + i, hidden H[R + i], token x[R + i + 1].
+  std::vector<int32_t> toks;
+  std::vector<const float*> hid;
+  std::vector<AttnRows> seqs;
+  for (SequenceState* st : states) {
+    TF_CHECK(st->has_mtp && st->verify.base < 0, "mtp_sync(): needs an MTP state, window closed");
+    const int64_t R = static_cast<int64_t>(st->mtp_kv.k.size()) / st->kv_row;
+    const int64_t n = static_cast<int64_t>(st->mtp_tokens.size());
+    TF_CHECK((R + n + 1 == st->n_past || (st->n_past == 0 && n == 0)) &&
+                 static_cast<int64_t>(st->mtp_hidden.size()) == (st->n_past - R) * H,
+             "MTP state: {} rows + {} pending, {} hidden floats at n_past {}", R, n,
+             st->mtp_hidden.size(), st->n_past);
+    for (int64_t i = 0; i < n; ++i) {
+      toks.push_back(st->mtp_tokens[i]);
+      hid.push_back(st->mtp_hidden.data() + i * H);
+    }
+    if (n > 0) seqs.push_back({&st->mtp_kv, R, n});
   }
   const int64_t M = static_cast<int64_t>(toks.size());
-  if (M > 0) {
-    std::vector<float> u(M * 2 * H), xf(M * H);
-    mtp_input(toks, hid, u.data());
-    matmul(m.fc, u.data(), M, xf.data(), pool);
-    cpu::rmsnorm_zc(xf.data(), m.layer.input_norm.data(), M, H, static_cast<float>(c.rms_norm_eps),
-                    xf.data());
-    append_kv(m.layer, seqs, xf.data(), pool);
-  }
-  // Only now: row 0 above read the old mtp_hidden.
-  row = 0;
-  for (const StepInput& in : inputs) {
-    const int64_t T = static_cast<int64_t>(in.tokens.size());
-    SequenceState& st = *in.state;
-    if (st.has_mtp && T > 0) {
-      st.mtp_hidden.assign(h + (row + T - 1) * H, h + (row + T) * H);
-      if (in.verify) st.verify.hidden.assign(h + row * H, h + (row + T) * H);
-    }
-    row += T;
+  if (M == 0) return;
+  std::vector<float> u(M * 2 * H), xf(M * H);
+  mtp_input(toks, hid, u.data());
+  matmul(m.fc, u.data(), M, xf.data(), pool);
+  cpu::rmsnorm_zc(xf.data(), m.layer.input_norm.data(), M, H, static_cast<float>(c.rms_norm_eps),
+                  xf.data());
+  append_kv(m.layer, seqs, xf.data(), pool);
+  for (SequenceState* st : states) {  // keep H[n_past - 1] only
+    const size_t n = st->mtp_tokens.size();
+    st->mtp_hidden.erase(st->mtp_hidden.begin(), st->mtp_hidden.begin() + n * H);
+    st->mtp_tokens.clear();
   }
 }
 
@@ -251,6 +258,9 @@ void Model::draft(std::span<const DraftInput> inputs, std::span<Draft> out,
     int32_t tok;
     std::vector<float> hid;
   };
+  std::vector<SequenceState*> states;
+  for (const DraftInput& d : inputs) states.push_back(d.state);
+  mtp_sync(states, pool);
   std::vector<Live> live;
   int max_steps = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {

@@ -21,6 +21,8 @@ namespace tf {
 
 // Prompts run the chunked delta rule in chunks that end at absolute multiples of this (§5).
 inline constexpr int64_t kDeltaChunk = 64;
+// forward computes the MTP head's pending cache rows of a state once this many are due.
+inline constexpr size_t kMtpSyncRows = 64;
 
 // The state of one sequence after n_past tokens. Copyable on purpose: a copy is a snapshot. Its
 // buffers are FloatBufs, so the observer given to Model::new_state follows them and their copies.
@@ -40,13 +42,17 @@ struct SequenceState {
   std::vector<DeltaNet> delta;  // one per layer (empty for attention layers)
 
   // The MTP head's state (qwen3-next.md §6), kept only when `has_mtp` (Model::new_state(.., true)).
-  // Every forward keeps it complete, so drafting can start after any step:
-  //   mtp_kv: the MTP layer's own cache, rows = max(n_past - 1, 0); row p was computed from
-  //     (H[p], x[p+1]), exactly as the head's own forward at p would write it;
-  //   mtp_hidden: [H] = H[n_past - 1] (empty while n_past == 0), waiting for x[n_past].
+  // Row p of the head's cache is computed from (H[p], x[p+1]); forward collects those pairs and the
+  // rows are computed in batches (Model::mtp_sync: by draft(), and by forward once 64 are due), so
+  // that plain steps pay almost nothing for keeping the head ready. With R = mtp_kv rows:
+  //   mtp_kv: [R, n_kv, D], R <= n_past - 1, each row exactly as the head's own forward writes it;
+  //   mtp_hidden: [n_past - R, H] = H[R .. n_past - 1] (the last row waits for x[n_past]);
+  //   mtp_tokens: [n_past - 1 - R] = x[R + 1 .. n_past - 1].
+  // Two states of the same tokens are equal after mtp_sync whatever R each had.
   bool has_mtp = false;
   Attention mtp_kv;
   FloatBuf mtp_hidden;
+  std::vector<int32_t> mtp_tokens;
 
   // A verify step (StepInput::verify) of T tokens fed at positions base..base+T-1 leaves what
   // rollback() needs here; rollback() closes the window (base < 0). The buffers are scratch that
@@ -57,7 +63,6 @@ struct SequenceState {
     int64_t T = 0;
     std::vector<FloatBuf> conv_hist;  // per GDN layer: [(K-1) + T, conv_dim], old conv state + new
     std::vector<FloatBuf> S_hist;     // per GDN layer: [>= T, Hv, Dk, Dv], S after each token
-    FloatBuf hidden;                  // [T, H]: H[base + t] (has_mtp only)
   } verify;
 
   // Sizes of one row of the buffers above, set by Model::new_state.
@@ -68,8 +73,8 @@ struct SequenceState {
   // Closes the verify window opened by the last forward step: the state becomes exactly (every
   // buffer, bit for bit) the state after feeding the first n - base tokens of that step one at a
   // time. Requires base < n <= n_past; n == n_past keeps everything. The GDN conv and recurrent
-  // state come from the per-position snapshots, attention and MTP caches are truncated, the MTP
-  // hidden state is H[n - 1]. Buffers keep their capacity for the next window.
+  // state come from the per-position snapshots, the attention caches and the MTP head's pending
+  // rows are truncated. Buffers keep their capacity for the next window.
   void rollback(int64_t n);
   // Frees the verify scratch (no window may be open).
   void release_verify();
@@ -134,9 +139,14 @@ class Model {
   // Chained MTP drafting (§6), batched over sequences. For each input, step s = 1..k runs the
   // head at position n_past - 2 + s on (h, t): step 1 on (H[n_past - 1], next_token), step s > 1
   // on the head's own output hidden state and draft of step s - 1; d_s is its argmax. Stops at
-  // max_tokens or before the first draft whose top probability is below p_min. The head's KV rows
-  // of the draft positions are scratch: each state is left exactly as it was. out: one per input.
+  // max_tokens or before the first draft whose top probability is below p_min. Each state is
+  // mtp_sync'ed first and otherwise left as it was (the draft positions' rows are scratch).
+  // out: one per input.
   void draft(std::span<const DraftInput> inputs, std::span<Draft> out, ThreadPool* pool) const;
+
+  // Computes the MTP head's pending cache rows of these states (has_mtp, no verify window open),
+  // all in one batch: afterwards mtp_kv has n_past - 1 rows. Changes no result of any later call.
+  void mtp_sync(std::span<SequenceState* const> states, ThreadPool* pool) const;
 
   // Bytes read from weights to decode one token (active experts only): the roofline's numerator.
   double decode_bytes_per_token() const;
@@ -154,10 +164,10 @@ class Model {
                        float* y, ThreadPool* pool) const;
   void deltanet_layer(const LayerWeights& L, int64_t li, std::span<const StepInput> in,
                       const float* xn, float* y, ThreadPool* pool) const;
-  // The MTP head's KV rows for the tokens a step feeds (see SequenceState::mtp_kv), and its
-  // mtp_hidden / verify.hidden from the step's final normed hidden states h [N, H].
-  void mtp_catch_up(std::span<const StepInput> inputs, std::span<const int64_t> n0, const float* h,
-                    ThreadPool* pool) const;
+  // Appends a step's final normed hidden states h [N, H] and tokens to the MTP head's pending
+  // rows (SequenceState::mtp_hidden, mtp_tokens); syncs states with 64 or more due.
+  void mtp_collect(std::span<const StepInput> inputs, std::span<const int64_t> n0, const float* h,
+                   ThreadPool* pool) const;
   // The head's fc input per row r: [rmsnorm(embed(toks[r])) | rmsnorm(hidden[r])], u: [n, 2H].
   void mtp_input(std::span<const int32_t> toks, std::span<const float* const> hidden,
                  float* u) const;

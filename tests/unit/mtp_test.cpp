@@ -21,8 +21,13 @@ bool same(const FloatBuf& a, const FloatBuf& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
-// Every buffer of two states, bit for bit (the verify window must be closed in both).
-::testing::AssertionResult same_state(const SequenceState& a, const SequenceState& b) {
+// Every buffer of two states, bit for bit (the verify window must be closed in both), after
+// computing the MTP head's pending cache rows of both (which changes no result).
+::testing::AssertionResult same_state(const Model& m, SequenceState& a, SequenceState& b) {
+  if (a.has_mtp && b.has_mtp) {
+    SequenceState* both[] = {&a, &b};
+    m.mtp_sync(both, nullptr);
+  }
   if (a.n_past != b.n_past)
     return ::testing::AssertionFailure() << "n_past " << a.n_past << " vs " << b.n_past;
   if (a.verify.base >= 0 || b.verify.base >= 0)
@@ -123,15 +128,15 @@ TEST_P(MtpTest, VerifyRowsEqualOneByOneDecode) {
       ASSERT_EQ(got.size(), want.size());
       EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << P << " " << k;
       ver.rollback(ver.n_past);
-      EXPECT_TRUE(same_state(ver, plain)) << P << " " << k;
+      EXPECT_TRUE(same_state(*model_, ver, plain)) << P << " " << k;
     }
   }
 }
 
 // Verify rows are bit-identical when the pass is batched with prefill, decode and other verify
-// rows, with 1-3 threads, and each state ends as if it had run alone. (Checked to fail by reading
-// the MTP catch-up's hidden rows at the step's row index without the sequence's offset: only a
-// sequence that is not first in the batch goes wrong.)
+// rows, with 1-3 threads, and each state ends as if it had run alone. (Checked to fail by
+// collecting the MTP head's pending hidden rows at the step's first rows instead of the
+// sequence's own: only a sequence that is not first in the batch goes wrong.)
 TEST_P(MtpTest, VerifyBatchedWithOtherSequences) {
   const auto pa = tokens(20, 1), pb = tokens(9, 2), pc = tokens(5, 3), pd = tokens(66, 4);
   const auto fb = tokens(4, 5), fd = tokens(6, 6);
@@ -161,17 +166,18 @@ TEST_P(MtpTest, VerifyBatchedWithOtherSequences) {
     EXPECT_EQ(0, std::memcmp(g, want_d.data(), want_d.size() * 4)) << threads;
     b.rollback(b.n_past);
     d.rollback(d.n_past);
-    EXPECT_TRUE(same_state(b, b1));
-    EXPECT_TRUE(same_state(c, c1));
-    EXPECT_TRUE(same_state(d, d1));
+    EXPECT_TRUE(same_state(*model_, b, b1));
+    EXPECT_TRUE(same_state(*model_, c, c1));
+    EXPECT_TRUE(same_state(*model_, d, d1));
   }
 }
 
 // After a verify pass of k+1 tokens, rollback(base + j) gives exactly (every buffer, bit for bit:
-// attention KV, conv, recurrent state, the MTP head's KV and hidden state) the state of feeding
-// the first j tokens one at a time, for every j; decoding continues identically from it.
+// attention KV, conv, recurrent state, the MTP head's cache and hidden states) the state of
+// feeding the first j tokens one at a time, for every j; decoding continues identically from it.
 // (Checked to fail three ways: restoring S from the snapshot of token j instead of j - 1; taking
-// the conv window one row late; and keeping the MTP KV row of the first rejected position.)
+// the conv window one row late; keeping the MTP hidden row of the first rejected position, which
+// mtp_sync's CHECK stops.)
 TEST_P(MtpTest, RollbackEqualsPlainState) {
   for (int P : {3, 64, 65}) {
     const auto prompt = tokens(P, 300 + P);
@@ -185,7 +191,7 @@ TEST_P(MtpTest, RollbackEqualsPlainState) {
       StepInput in{&ver, feed, false, true};
       model_->forward({&in, 1}, &l, nullptr);
       ver.rollback(P + j);
-      ASSERT_TRUE(same_state(ver, plain)) << "P " << P << " j " << j;
+      ASSERT_TRUE(same_state(*model_, ver, plain)) << "P " << P << " j " << j;
       EXPECT_LT(ver.verify.base, 0);
       // The next window starts clean: verify again, keep one token, continue one by one.
       std::vector<float> l2;
@@ -195,12 +201,12 @@ TEST_P(MtpTest, RollbackEqualsPlainState) {
       const auto a = decode(&ver, std::span<const int32_t>(more).subspan(1));
       const auto b = decode(&plain, more);
       EXPECT_EQ(0, std::memcmp(a.data(), b.data() + V_, a.size() * 4)) << P << " " << j;
-      EXPECT_TRUE(same_state(ver, plain)) << "P " << P << " j " << j;
+      EXPECT_TRUE(same_state(*model_, ver, plain)) << "P " << P << " j " << j;
       // The verify scratch is all release_verify() frees.
       const size_t held = ver.bytes();
       ver.release_verify();
       EXPECT_LT(ver.bytes(), held);
-      EXPECT_TRUE(same_state(ver, plain));
+      EXPECT_TRUE(same_state(*model_, ver, plain));
     }
   }
 }
@@ -219,14 +225,14 @@ TEST(MtpOps, ArgmaxProb) {
   }
 }
 
-// draft() leaves the state as it was, and its tokens, probabilities and logits are the same
-// whether sequences draft alone or batched. The gate drops drafts below p_min and what follows.
-// (Checked to fail by leaving the draft steps' scratch rows in the head's cache.)
+// draft() leaves the state as it was (up to mtp_sync), and its tokens, probabilities and logits are
+// the same whether sequences draft alone or batched. The gate drops drafts below p_min and what
+// follows. (Checked to fail by leaving the draft steps' scratch rows in the head's cache.)
 TEST_P(MtpTest, DraftIsPureAndBatchInvariant) {
   const std::vector<std::vector<int32_t>> prompts = {tokens(1, 7), tokens(30, 8), tokens(65, 9)};
   std::vector<SequenceState> states;
   for (const auto& p : prompts) states.push_back(prefilled(p));
-  const std::vector<SequenceState> before = states;
+  std::vector<SequenceState> before = states;
   std::vector<Draft> alone(3);
   for (size_t i = 0; i < 3; ++i) {
     const DraftInput in{&states[i], static_cast<int32_t>(i + 3), 4, 0.0f, true};
@@ -239,7 +245,7 @@ TEST_P(MtpTest, DraftIsPureAndBatchInvariant) {
       EXPECT_GT(alone[i].top_prob[s], 0.0f);
       EXPECT_LE(alone[i].top_prob[s], 1.0f);
     }
-    EXPECT_TRUE(same_state(states[i], before[i])) << i;
+    EXPECT_TRUE(same_state(*model_, states[i], before[i])) << i;
   }
   for (int threads : {1, 3}) {
     ThreadPool pool(threads);
@@ -255,7 +261,7 @@ TEST_P(MtpTest, DraftIsPureAndBatchInvariant) {
       EXPECT_TRUE(std::equal(out[i].tokens.begin(), out[i].tokens.end(), alone[i].tokens.begin()));
       EXPECT_EQ(0, std::memcmp(out[i].top_prob.data(), alone[i].top_prob.data(), n * 4));
       EXPECT_EQ(0, std::memcmp(out[i].logits.data(), alone[i].logits.data(), n * V_ * 4));
-      EXPECT_TRUE(same_state(states[i], before[i])) << i;
+      EXPECT_TRUE(same_state(*model_, states[i], before[i])) << i;
     }
   }
   // The gate: p_min just above draft s's probability keeps exactly the drafts before s.
@@ -479,8 +485,8 @@ double rel_l2d(const float* a, const std::vector<double>& b) {
 
 // The head against the naive one above: teacher-forced at every position of a prompt (the
 // engine's cache rows come from forward's catch-up, the naive head's from its own steps), then a
-// chained draft of 4 from the end. Hidden states H[p] are read from mtp_hidden after each
-// one-token step. (Checked to fail with the fc input in the other order, hidden first.)
+// chained draft of 4 from the end. Hidden states H[p] are read from mtp_hidden's last row after
+// each one-token step. (Checked to fail with the fc input in the other order, hidden first.)
 TEST_P(MtpTest, HeadMatchesNaiveReference) {
   const auto prompt = tokens(40, 77);
   NaiveHead naive(*model_);
@@ -489,7 +495,7 @@ TEST_P(MtpTest, HeadMatchesNaiveReference) {
   double worst = 0;
   for (size_t p = 0; p < prompt.size(); ++p) {
     last = decode(&st, {&prompt[p], 1});
-    const std::vector<double> h(st.mtp_hidden.begin(), st.mtp_hidden.end());
+    const std::vector<double> h(st.mtp_hidden.end() - st.hidden_size, st.mtp_hidden.end());
     if (p + 1 == prompt.size()) break;
     std::vector<double> hn;
     const auto want = naive.step(h, prompt[p + 1], static_cast<int64_t>(p), &hn);
@@ -504,7 +510,7 @@ TEST_P(MtpTest, HeadMatchesNaiveReference) {
   const DraftInput in{&st, g0, 4, 0.0f, true};
   model_->draft({&in, 1}, {&d, 1}, nullptr);
   ASSERT_EQ(d.tokens.size(), 4u);
-  std::vector<double> h(st.mtp_hidden.begin(), st.mtp_hidden.end()), hn;
+  std::vector<double> h(st.mtp_hidden.end() - st.hidden_size, st.mtp_hidden.end()), hn;
   int32_t tok = g0;
   for (int s = 0; s < 4; ++s) {
     const auto want = naive.step(h, tok, st.n_past - 1 + s, &hn);
