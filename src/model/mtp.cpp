@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 
 #include "core/check.h"
 
@@ -25,34 +26,32 @@ int64_t accept_greedy(std::span<const float> logits, int64_t vocab,
   return m;
 }
 
-namespace {
-constexpr double kEma = 0.1;  // weight of the newest observation
-void ema(double* avg, double x) {
-  *avg = *avg == 0 ? x : *avg + kEma * (x - *avg);
-}
-}  // namespace
-
 DraftPolicy::DraftPolicy(int k_max, int probe_every)
     : probe_base_(probe_every),
       probe_every_(probe_every),
       next_probe_(probe_every),
-      cost_(std::max(k_max, 0) + 1, 0.0),
-      last_(cost_.size(), -1) {}
+      time_(std::max(k_max, 0) + 1, 0.0),
+      tokens_(time_.size(), 0.0),
+      n_(time_.size(), 0.0),
+      last_(time_.size(), -1) {}
 
 int DraftPolicy::best() const {
   int b = 0;
-  for (int k = 1; k < static_cast<int>(cost_.size()); ++k) {
-    if (cost_[k] < cost_[b]) b = k;
+  for (int k = 1; k < static_cast<int>(n_.size()); ++k) {
+    if (n_[k] >= kMinSamples * kDecay * kDecay && cost(k) < (1 - kMargin) * cost(b)) b = k;
   }
   return b;
 }
 
 int DraftPolicy::next() {
-  const int n = static_cast<int>(cost_.size());
+  const int n = static_cast<int>(n_.size());
   for (int k = 0; k < n; ++k) {
-    if (cost_[k] == 0) return k;  // not measured yet
+    if (n_[k] == 0) return k;  // not measured yet
   }
   const int b = best();
+  for (int k = 0; k < n; ++k) {  // looks cheaper, too few steps to tell: try it again
+    if (k != b && n_[k] < kMinSamples * kDecay * kDecay && cost(k) < cost(b)) return k;
+  }
   if (n > 1 && steps_ >= next_probe_) {
     int stale = b == 0 ? 1 : 0;  // the least recently used other k
     for (int k = 0; k < n; ++k) {
@@ -67,7 +66,9 @@ int DraftPolicy::next() {
 void DraftPolicy::observe(int k, int emitted, double seconds) {
   const int before = best();
   last_[k] = steps_++;
-  ema(&cost_[k], seconds / std::max(emitted, 1));
+  time_[k] = kDecay * time_[k] + seconds;
+  tokens_[k] = kDecay * tokens_[k] + std::max(emitted, 1);
+  n_[k] = kDecay * n_[k] + 1;
   if (k == probing_) {
     probing_ = -1;
     probe_every_ = best() == before ? std::min(2 * probe_every_, 8 * probe_base_) : probe_base_;
@@ -96,8 +97,16 @@ std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int
            std::find(o.stop_tokens.begin(), o.stop_tokens.end(), t) != o.stop_tokens.end();
   };
   DraftPolicy policy(o.draft_max);
+  // The policy's clock: CPU seconds of the process, which other processes' load inflates less
+  // than wall time (the cost of a step is the work it does).
+  auto cpu_now = [] {
+    timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
   int32_t tok = first;
   while (!emit(tok)) {
+    const double c0 = cpu_now();
     d.tokens.clear();
     const int room = o.max_tokens - static_cast<int>(out.size());  // tokens still wanted, >= 1
     // More drafts than tokens still wanted would be wasted: at most room - 1 (+ the bonus).
@@ -123,7 +132,7 @@ std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int
     if (!verify) {
       const double s = secs(t0);
       st.verify_seconds += s;
-      policy.observe(k, 1, draft_s + s);
+      policy.observe(k, 1, cpu_now() - c0);
       tok = argmax_row(logits);
       continue;
     }
@@ -132,7 +141,7 @@ std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int
     const double s = secs(t0);
     st.verify_seconds += s;
     const int j = static_cast<int>(d.tokens.size());
-    policy.observe(k, static_cast<int>(m) + 1, draft_s + s);
+    policy.observe(k, static_cast<int>(m) + 1, cpu_now() - c0);
     ++st.verify_steps;
     st.drafted += j;
     st.accepted += m;

@@ -48,11 +48,12 @@ struct DraftStats {
 };
 
 // Adaptive drafting depth for one sequence: picks k for the next step (0: a plain decode step) by
-// the measured cost per emitted token of each k in 0..k_max, an exponential moving average over
-// the steps that used it, so that drafting is used only where it pays on this machine, for this
-// text (acceptance varies along a reply: a copied passage, then free prose). Every k is tried
-// once at the start; then, every `probe_every` steps, the least recently used other k is tried
-// again, so a change (the head getting better or worse) is noticed. A probe that confirms the
+// the measured cost per emitted token of each k in 0..k_max (decayed sums of seconds and tokens
+// over the steps that used it), so that drafting is used only where it pays on this machine, for
+// this text (acceptance varies along a reply: a copied passage, then free prose). Every k is tried
+// once at the start; one that looks cheaper than the current choice is tried until it has
+// kMinSamples steps, and replaces it only if cheaper by kMargin. Every `probe_every` steps the
+// least recently used other k is tried again, so a change is noticed; a probe that confirms the
 // choice doubles the interval (up to 8x), one that changes it resets it. It steers speed only:
 // the tokens are the same for any k.
 class DraftPolicy {
@@ -60,17 +61,19 @@ class DraftPolicy {
   explicit DraftPolicy(int k_max, int probe_every = 32);
 
   int next();
-  // A step that asked for k drafts, emitted `emitted` tokens and took `seconds` in all.
+  // A step that asked for k drafts, emitted `emitted` tokens and cost `seconds` in all.
   void observe(int k, int emitted, double seconds);
   // Estimated seconds per emitted token with k drafts (0: not measured yet).
-  double cost(int k) const { return cost_[k]; }
+  double cost(int k) const { return tokens_[k] > 0 ? time_[k] / tokens_[k] : 0.0; }
+
+  static constexpr double kMinSamples = 3, kMargin = 0.03, kDecay = 0.9;
 
  private:
   int best() const;
   int probe_base_, probe_every_, steps_ = 0, next_probe_;
-  int probing_ = -1;           // the k under probe, until observed
-  std::vector<double> cost_;   // [k_max + 1]
-  std::vector<int64_t> last_;  // step at which each k was last used
+  int probing_ = -1;                       // the k under probe, until observed
+  std::vector<double> time_, tokens_, n_;  // [k_max + 1] decayed sums per k
+  std::vector<int64_t> last_;              // step at which each k was last used
 };
 
 struct GreedyOptions {
