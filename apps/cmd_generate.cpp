@@ -8,23 +8,12 @@
 
 #include "apps/commands.h"
 #include "model/model.h"
+#include "model/mtp.h"
 #include "runtime/sampler.h"
 
 namespace tf::app {
-namespace {
 
-struct GenerateOptions {
-  std::string model = kDefaultModel;
-  std::string prompt_ids;
-  int max_tokens = 16;
-  SamplingParams sampling;
-  bool json = false;
-  bool ignore_eos = false;
-  std::string dump_logits;
-  int threads = 0;
-};
-
-Result<std::vector<int32_t>> parse_ids(const std::string& s, int64_t vocab) {
+Result<std::vector<int32_t>> parse_prompt_ids(const std::string& s, int64_t vocab) {
   std::vector<int32_t> ids;
   std::stringstream ss(s);
   std::string item;
@@ -45,6 +34,22 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s, int64_t vocab) {
   return ids;
 }
 
+namespace {
+
+struct GenerateOptions {
+  std::string model = kDefaultModel;
+  std::string prompt_ids;
+  int max_tokens = 16;
+  SamplingParams sampling;
+  bool json = false;
+  bool ignore_eos = false;
+  std::string dump_logits;
+  int threads = 0;
+  int draft = 0;  // MTP drafts per step (0: plain decoding)
+  float draft_p_min = 0.0f;
+  bool draft_fixed = false;
+};
+
 int run_generate(const GenerateOptions& o) {
   auto model_or = Model::load(o.model);
   if (!model_or) {
@@ -52,12 +57,24 @@ int run_generate(const GenerateOptions& o) {
     return 1;
   }
   Model& model = **model_or;
-  auto ids_or = parse_ids(o.prompt_ids, model.config().vocab_size);
+  auto ids_or = parse_prompt_ids(o.prompt_ids, model.config().vocab_size);
   if (!ids_or) {
     std::fprintf(stderr, "error: %s\n", ids_or.status().to_string().c_str());
     return 2;
   }
   const std::vector<int32_t> prompt = *ids_or;
+  if (o.draft > 0) {
+    if (!model.has_mtp()) {
+      std::fprintf(stderr, "error: --draft: %s has no MTP head (mtp.* tensors)\n", o.model.c_str());
+      return 2;
+    }
+    if (o.sampling.temperature != 0.0f || !o.dump_logits.empty()) {
+      std::fprintf(stderr,
+                   "error: --draft needs greedy decoding (--temperature 0) and no "
+                   "--dump-logits\n");
+      return 2;
+    }
+  }
   std::ofstream dump;
   if (!o.dump_logits.empty()) {
     dump.open(o.dump_logits, std::ios::binary);
@@ -68,7 +85,7 @@ int run_generate(const GenerateOptions& o) {
   }
   ThreadPool pool(o.threads);
   Sampler sampler(o.sampling);
-  SequenceState state = model.new_state();
+  SequenceState state = model.new_state(nullptr, o.draft > 0);
   std::vector<float> logits;
   const int64_t V = model.config().vocab_size;
   auto write_rows = [&]() {
@@ -85,7 +102,19 @@ int run_generate(const GenerateOptions& o) {
   const auto t1 = Clock::now();
   std::vector<int32_t> out;
   const auto& eos = model.config().eos_token_ids;
-  while (static_cast<int>(out.size()) < o.max_tokens) {
+  DraftStats stats;
+  if (o.draft > 0) {
+    // Greedy with MTP drafts: the same tokens as the loop below, in fewer target passes.
+    GreedyOptions g;
+    g.max_tokens = o.max_tokens;
+    if (!o.ignore_eos) g.stop_tokens.assign(eos.begin(), eos.end());
+    g.draft_max = o.draft;
+    g.draft_p_min = o.draft_p_min;
+    g.adaptive = !o.draft_fixed;
+    out = greedy_decode(model, &state, sampler.sample(std::span<const float>(logits).last(V)), g,
+                        &pool, &stats);
+  }
+  while (o.draft == 0 && static_cast<int>(out.size()) < o.max_tokens) {
     const int32_t tok = sampler.sample(std::span<const float>(logits).last(V));
     out.push_back(tok);
     if (!o.ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end()) break;
@@ -98,17 +127,42 @@ int run_generate(const GenerateOptions& o) {
   const auto t2 = Clock::now();
   const double prefill_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   const double decode_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+  nlohmann::json draft;
+  if (o.draft > 0) {
+    draft = {{"draft_max", o.draft},
+             {"draft_p_min", o.draft_p_min},
+             {"adaptive", !o.draft_fixed},
+             {"draft_calls", stats.draft_calls},
+             {"target_passes", stats.target_passes},
+             {"verify_steps", stats.verify_steps},
+             {"drafted", stats.drafted},
+             {"accepted", stats.accepted},
+             {"acceptance_rate", stats.acceptance_rate()},
+             {"mean_accepted", stats.mean_accepted()},
+             {"tokens_per_pass", stats.tokens_per_pass()},
+             {"draft_ms", stats.draft_seconds * 1e3},
+             {"verify_ms", stats.verify_seconds * 1e3}};
+  }
   if (o.json) {
     nlohmann::json j = {{"tokens", out},
                         {"prompt_tokens", prompt.size()},
                         {"prefill_ms", prefill_ms},
                         {"decode_ms", decode_ms}};
+    if (o.draft > 0) j["draft"] = draft;
     std::printf("%s\n", j.dump().c_str());
   } else {
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
     std::printf("\n");
     std::fprintf(stderr, "prompt %zu tokens in %.1f ms; %zu tokens generated in %.1f ms\n",
                  prompt.size(), prefill_ms, out.size(), decode_ms);
+    if (o.draft > 0) {
+      std::fprintf(stderr,
+                   "draft: %lld drafted, %lld accepted (%.1f%%), %.2f accepted per verify step, "
+                   "%.2f tokens per target pass (%lld passes)\n",
+                   static_cast<long long>(stats.drafted), static_cast<long long>(stats.accepted),
+                   100.0 * stats.acceptance_rate(), stats.mean_accepted(), stats.tokens_per_pass(),
+                   static_cast<long long>(stats.target_passes));
+    }
   }
   return 0;
 }
@@ -137,6 +191,18 @@ void add_generate(CLI::App& app) {
       ->check(CLI::Range(0, 1024));
   cmd->add_flag("--json", o->json, "Print one JSON object {\"tokens\": [...], ...}");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at an end-of-sequence token");
+  cmd->add_option("--draft", o->draft,
+                  "Draft up to K tokens per step with the MTP head (greedy only; 0 = off); the "
+                  "output is the same as without")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--draft-p-min", o->draft_p_min,
+                  "Stop drafting at a draft whose probability under the head is below this")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_flag("--draft-fixed", o->draft_fixed,
+                "Always draft K tokens (else K is the most, chosen per step from the recent "
+                "acceptance and the measured costs)");
   cmd->add_option("--dump-logits", o->dump_logits,
                   "Write float32 logits, one row per position fed (prompt, then generated)");
   cmd->callback([o] { exit_code() = run_generate(*o); });

@@ -28,13 +28,52 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadPro
 
 size_t SequenceState::bytes() const {
   size_t n = 0;
-  for (const Attention& a : attn) n += (a.k.capacity() + a.v.capacity()) * sizeof(float);
-  for (const DeltaNet& d : delta) n += (d.conv.capacity() + d.S.capacity()) * sizeof(float);
-  return n;
+  for (const Attention& a : attn) n += a.k.capacity() + a.v.capacity();
+  for (const DeltaNet& d : delta) n += d.conv.capacity() + d.S.capacity();
+  n += mtp_kv.k.capacity() + mtp_kv.v.capacity() + mtp_hidden.capacity();
+  for (const FloatBuf& b : verify.conv_hist) n += b.capacity();
+  for (const FloatBuf& b : verify.S_hist) n += b.capacity();
+  return n * sizeof(float) + mtp_tokens.capacity() * sizeof(int32_t);
 }
 
-SequenceState Model::new_state(BufferObserver* observer) const {
+void SequenceState::rollback(int64_t n) {
+  TF_CHECK(verify.base >= 0 && verify.base < n && n <= n_past,
+           "rollback to {}: the verify window is [{}, {}]", n, verify.base, n_past);
+  TF_CHECK(n_past == verify.base + verify.T, "n_past {} moved since the verify step", n_past);
+  if (n < n_past) {
+    const int64_t j = n - verify.base;  // tokens of the verify step that stay, 1..T-1
+    for (size_t li = 0; li < attn.size(); ++li) {
+      if (delta[li].S.empty()) {
+        attn[li].k.resize(n * kv_row);
+        attn[li].v.resize(n * kv_row);
+        continue;
+      }
+      DeltaNet& d = delta[li];
+      const size_t ns = d.S.size(), nc = d.conv.size(), conv_dim = nc / conv_rows;
+      std::copy_n(verify.S_hist[li].begin() + (j - 1) * ns, ns, d.S.begin());
+      std::copy_n(verify.conv_hist[li].begin() + j * conv_dim, nc, d.conv.begin());
+    }
+    if (has_mtp) {
+      // The verify step only collected pending rows (forward syncs outside verify steps only).
+      const int64_t R = static_cast<int64_t>(mtp_kv.k.size()) / kv_row;
+      mtp_hidden.resize((n - R) * hidden_size);
+      mtp_tokens.resize(n - 1 - R);
+    }
+    n_past = n;
+  }
+  verify.base = -1;
+  verify.T = 0;
+}
+
+void SequenceState::release_verify() {
+  TF_CHECK(verify.base < 0, "release_verify(): the verify window from {} is open", verify.base);
+  for (FloatBuf& b : verify.conv_hist) FloatBuf(b.get_allocator()).swap(b);
+  for (FloatBuf& b : verify.S_hist) FloatBuf(b.get_allocator()).swap(b);
+}
+
+SequenceState Model::new_state(BufferObserver* observer, bool mtp) const {
   const ModelConfig& c = config();
+  TF_CHECK(!mtp || has_mtp(), "new_state(mtp = true): the checkpoint has no MTP head");
   const TrackedAllocator<float> alloc(observer);
   SequenceState s;
   s.attn.resize(c.num_hidden_layers, SequenceState::Attention{FloatBuf(alloc), FloatBuf(alloc)});
@@ -45,6 +84,14 @@ SequenceState Model::new_state(BufferObserver* observer) const {
     s.delta[i].S.assign(c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim,
                         0.0f);
   }
+  s.has_mtp = mtp;
+  s.mtp_kv = SequenceState::Attention{FloatBuf(alloc), FloatBuf(alloc)};
+  s.mtp_hidden = FloatBuf(alloc);
+  s.verify.conv_hist.resize(c.num_hidden_layers, FloatBuf(alloc));
+  s.verify.S_hist.resize(c.num_hidden_layers, FloatBuf(alloc));
+  s.kv_row = c.num_key_value_heads * c.head_dim;
+  s.conv_rows = c.linear_conv_kernel_dim - 1;
+  s.hidden_size = c.hidden_size;
   return s;
 }
 
@@ -55,8 +102,20 @@ void Model::forward(std::span<const StepInput> inputs, std::vector<float>* logit
   const int64_t H = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   int64_t N = 0;
-  for (const auto& in : inputs) N += static_cast<int64_t>(in.tokens.size());
+  std::vector<int64_t> n0;  // n_past of each input before the step
+  for (const auto& in : inputs) {
+    TF_CHECK(in.state->verify.base < 0,
+             "the state's verify window (from n_past {}) is open: call rollback() first",
+             in.state->verify.base);
+    N += static_cast<int64_t>(in.tokens.size());
+    n0.push_back(in.state->n_past);
+  }
   if (N == 0) return;
+  for (const auto& in : inputs) {
+    if (!in.verify || in.tokens.empty()) continue;
+    in.state->verify.base = in.state->n_past;
+    in.state->verify.T = static_cast<int64_t>(in.tokens.size());
+  }
 
   std::vector<float> x(N * H), xn(N * H), y(N * H);
   int64_t row = 0;
@@ -64,13 +123,20 @@ void Model::forward(std::span<const StepInput> inputs, std::vector<float>* logit
     for (int32_t tok : in.tokens) cpu::row_to_f32(w.embed, tok, &x[row++ * H]);
   }
 
+  std::vector<AttnRows> seqs;
   for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
     const LayerWeights& L = w.layers[li];
     cpu::rmsnorm_zc(x.data(), L.input_norm.data(), N, H, eps, xn.data());
-    if (L.full_attention)
-      attention_layer(L, li, inputs, xn.data(), y.data(), pool);
-    else
+    if (L.full_attention) {
+      seqs.clear();
+      for (const auto& in : inputs) {
+        seqs.push_back(
+            {&in.state->attn[li], in.state->n_past, static_cast<int64_t>(in.tokens.size())});
+      }
+      attention_layer(L, seqs, xn.data(), y.data(), pool);
+    } else {
       deltanet_layer(L, li, inputs, xn.data(), y.data(), pool);
+    }
     for (int64_t i = 0; i < N * H; ++i) x[i] += y[i];
     cpu::rmsnorm_zc(x.data(), L.post_norm.data(), N, H, eps, xn.data());
     if (L.moe)
@@ -80,38 +146,233 @@ void Model::forward(std::span<const StepInput> inputs, std::vector<float>* logit
     for (int64_t i = 0; i < N * H; ++i) x[i] += y[i];
   }
 
-  // Final norm and lm_head on the rows that want logits.
+  // Final norm of every row (H[p]: lm_head's input and the MTP head's), lm_head on the rows that
+  // want logits.
+  std::vector<float>& h = xn;
+  cpu::rmsnorm_zc(x.data(), w.final_norm.data(), N, H, eps, h.data());
   std::vector<int64_t> rows;
   row = 0;
   for (const auto& in : inputs) {
     const int64_t T = static_cast<int64_t>(in.tokens.size());
     if (T > 0) {
-      for (int64_t t = in.all_logits ? 0 : T - 1; t < T; ++t) rows.push_back(row + t);
+      for (int64_t t = in.all_logits || in.verify ? 0 : T - 1; t < T; ++t) rows.push_back(row + t);
     }
     row += T;
-    in.state->n_past += T;
   }
-  std::vector<float> h(rows.size() * H);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    cpu::rmsnorm_zc(&x[rows[i] * H], w.final_norm.data(), 1, H, eps, &h[i * H]);
-  }
+  std::vector<float> hl(rows.size() * H);
+  for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&h[rows[i] * H], H, &hl[i * H]);
   const size_t first = logits->size();
   logits->resize(first + rows.size() * c.vocab_size);
-  matmul(w.lm_head, h.data(), static_cast<int64_t>(rows.size()), logits->data() + first, pool);
+  matmul(w.lm_head, hl.data(), static_cast<int64_t>(rows.size()), logits->data() + first, pool);
+
+  for (const auto& in : inputs) in.state->n_past += static_cast<int64_t>(in.tokens.size());
+  if (has_mtp()) mtp_collect(inputs, n0, h.data(), pool);
 }
 
-void Model::attention_layer(const LayerWeights& L, int64_t li, std::span<const StepInput> inputs,
-                            const float* xn, float* y, ThreadPool* pool) const {
+void Model::mtp_collect(std::span<const StepInput> inputs, std::span<const int64_t> n0,
+                        const float* h, ThreadPool* pool) const {
+  const int64_t H = config().hidden_size;
+  std::vector<SequenceState*> due;
+  int64_t row = 0;
+  for (size_t s = 0; s < inputs.size(); ++s) {
+    const StepInput& in = inputs[s];
+    const int64_t T = static_cast<int64_t>(in.tokens.size());
+    SequenceState& st = *in.state;
+    if (st.has_mtp && T > 0) {
+      // x[0] follows no position; every later token is the next token of the position before.
+      st.mtp_hidden.insert(st.mtp_hidden.end(), h + row * H, h + (row + T) * H);
+      st.mtp_tokens.insert(st.mtp_tokens.end(), in.tokens.begin() + (n0[s] == 0 ? 1 : 0),
+                           in.tokens.end());
+      if (!in.verify && st.mtp_tokens.size() >= kMtpSyncRows) due.push_back(&st);
+    }
+    row += T;
+  }
+  if (!due.empty()) mtp_sync(due, pool);
+}
+
+void Model::mtp_sync(std::span<SequenceState* const> states, ThreadPool* pool) const {
+  const ModelConfig& c = config();
+  const MtpWeights& m = *weights_->mtp;
+  const int64_t H = c.hidden_size;
+  // Pending row i of a state: position R + i, hidden H[R + i], token x[R + i + 1].
+  std::vector<int32_t> toks;
+  std::vector<const float*> hid;
+  std::vector<AttnRows> seqs;
+  for (SequenceState* st : states) {
+    TF_CHECK(st->has_mtp && st->verify.base < 0, "mtp_sync(): needs an MTP state, window closed");
+    const int64_t R = static_cast<int64_t>(st->mtp_kv.k.size()) / st->kv_row;
+    const int64_t n = static_cast<int64_t>(st->mtp_tokens.size());
+    TF_CHECK((R + n + 1 == st->n_past || (st->n_past == 0 && n == 0)) &&
+                 static_cast<int64_t>(st->mtp_hidden.size()) == (st->n_past - R) * H,
+             "MTP state: {} rows + {} pending, {} hidden floats at n_past {}", R, n,
+             st->mtp_hidden.size(), st->n_past);
+    for (int64_t i = 0; i < n; ++i) {
+      toks.push_back(st->mtp_tokens[i]);
+      hid.push_back(st->mtp_hidden.data() + i * H);
+    }
+    if (n > 0) seqs.push_back({&st->mtp_kv, R, n});
+  }
+  const int64_t M = static_cast<int64_t>(toks.size());
+  if (M == 0) return;
+  std::vector<float> u(M * 2 * H), xf(M * H);
+  mtp_input(toks, hid, u.data());
+  matmul(m.fc, u.data(), M, xf.data(), pool);
+  cpu::rmsnorm_zc(xf.data(), m.layer.input_norm.data(), M, H, static_cast<float>(c.rms_norm_eps),
+                  xf.data());
+  append_kv(m.layer, seqs, xf.data(), pool);
+  for (SequenceState* st : states) {  // keep H[n_past - 1] only
+    const size_t n = st->mtp_tokens.size();
+    st->mtp_hidden.erase(st->mtp_hidden.begin(), st->mtp_hidden.begin() + n * H);
+    st->mtp_tokens.clear();
+  }
+}
+
+void Model::mtp_input(std::span<const int32_t> toks, std::span<const float* const> hidden,
+                      float* u) const {
+  const ModelConfig& c = config();
+  const MtpWeights& m = *weights_->mtp;
+  const int64_t H = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  for (size_t r = 0; r < toks.size(); ++r) {
+    float* ur = u + r * 2 * H;
+    cpu::row_to_f32(weights_->embed, toks[r], ur);
+    cpu::rmsnorm_zc(ur, m.pre_fc_norm_embedding.data(), 1, H, eps, ur);
+    cpu::rmsnorm_zc(hidden[r], m.pre_fc_norm_hidden.data(), 1, H, eps, ur + H);
+  }
+}
+
+void Model::draft(std::span<const DraftInput> inputs, std::span<Draft> out,
+                  ThreadPool* pool) const {
+  TF_CHECK(inputs.size() == out.size(), "{} inputs, {} outputs", inputs.size(), out.size());
+  if (inputs.empty()) return;
+  TF_CHECK(has_mtp(), "draft(): the checkpoint has no MTP head");
+  const ModelConfig& c = config();
+  const MtpWeights& m = *weights_->mtp;
+  const LayerWeights& L = m.layer;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // A sequence still drafting: its next row's position, token and hidden state.
+  struct Live {
+    size_t i;
+    int64_t pos;
+    int32_t tok;
+    std::vector<float> hid;
+  };
+  std::vector<SequenceState*> states;
+  for (const DraftInput& d : inputs) states.push_back(d.state);
+  mtp_sync(states, pool);
+  std::vector<Live> live;
+  int max_steps = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const DraftInput& d = inputs[i];
+    const SequenceState& st = *d.state;
+    TF_CHECK(st.has_mtp && st.n_past >= 1 && st.verify.base < 0,
+             "draft(): needs an MTP state after a step with its window closed (n_past {})",
+             st.n_past);
+    out[i] = Draft{};
+    if (d.max_tokens <= 0) continue;
+    live.push_back({i, st.n_past - 1, d.next_token,
+                    std::vector<float>(st.mtp_hidden.begin(), st.mtp_hidden.end())});
+    max_steps = std::max(max_steps, d.max_tokens);
+  }
+  std::vector<int32_t> toks;
+  std::vector<const float*> hid;
+  std::vector<AttnRows> seqs;
+  std::vector<float> u, x, xn, y, lg;
+  for (int step = 0; step < max_steps && !live.empty(); ++step) {
+    const int64_t M = static_cast<int64_t>(live.size());
+    toks.clear();
+    hid.clear();
+    seqs.clear();
+    for (Live& l : live) {
+      toks.push_back(l.tok);
+      hid.push_back(l.hid.data());
+      seqs.push_back({&inputs[l.i].state->mtp_kv, l.pos, 1});
+    }
+    // One decoder layer of the head (§6.1): fc, gated attention over its own cache, MoE, norm.
+    u.resize(M * 2 * H);
+    x.resize(M * H);
+    xn.resize(M * H);
+    y.resize(M * H);
+    mtp_input(toks, hid, u.data());
+    matmul(m.fc, u.data(), M, x.data(), pool);
+    cpu::rmsnorm_zc(x.data(), L.input_norm.data(), M, H, eps, xn.data());
+    attention_layer(L, seqs, xn.data(), y.data(), pool);
+    for (int64_t k = 0; k < M * H; ++k) x[k] += y[k];
+    cpu::rmsnorm_zc(x.data(), L.post_norm.data(), M, H, eps, xn.data());
+    if (L.moe)
+      moe(L, xn.data(), M, y.data(), pool);
+    else
+      ffn(L.mlp, xn.data(), M, y.data(), pool);
+    for (int64_t k = 0; k < M * H; ++k) x[k] += y[k];
+    cpu::rmsnorm_zc(x.data(), m.norm.data(), M, H, eps, xn.data());
+    lg.resize(M * V);
+    matmul(weights_->lm_head, xn.data(), M, lg.data(), pool);
+
+    std::vector<Live> next;
+    for (int64_t r = 0; r < M; ++r) {
+      Live& l = live[r];
+      const DraftInput& d = inputs[l.i];
+      Draft& o = out[l.i];
+      const float* lr = &lg[r * V];
+      float p = 0;
+      const auto best = static_cast<int32_t>(cpu::argmax_prob(lr, V, &p));
+      if (p < d.p_min) continue;
+      o.tokens.push_back(best);
+      o.top_prob.push_back(p);
+      if (d.want_logits) o.logits.insert(o.logits.end(), lr, lr + V);
+      if (static_cast<int>(o.tokens.size()) == d.max_tokens) continue;
+      l.pos += 1;
+      l.tok = best;
+      l.hid.assign(&xn[r * H], &xn[(r + 1) * H]);
+      next.push_back(std::move(l));
+    }
+    live.swap(next);
+  }
+  // Drop the scratch rows: the head's cache is back to max(n_past - 1, 0) rows.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    SequenceState& st = *inputs[i].state;
+    st.mtp_kv.k.resize((st.n_past - 1) * st.kv_row);
+    st.mtp_kv.v.resize((st.n_past - 1) * st.kv_row);
+  }
+}
+
+void Model::append_kv(const LayerWeights& L, std::span<const AttnRows> seqs, const float* xn,
+                      ThreadPool* pool) const {
+  const ModelConfig& c = config();
+  const int64_t nkv = c.num_key_value_heads, D = c.head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  int64_t N = 0;
+  for (const auto& s : seqs) N += s.T;
+  std::vector<float> k(N * nkv * D), v(N * nkv * D);
+  matmul(L.k_proj, xn, N, k.data(), pool);
+  matmul(L.v_proj, xn, N, v.data(), pool);
+  cpu::rmsnorm_zc(k.data(), L.k_norm.data(), N * nkv, D, eps, k.data());
+  int64_t row = 0;
+  for (const auto& s : seqs) {
+    SequenceState::Attention& cache = *s.cache;
+    TF_CHECK(static_cast<int64_t>(cache.k.size()) == s.pos0 * nkv * D,
+             "attention cache has {} floats, appending at position {}", cache.k.size(), s.pos0);
+    for (int64_t t = 0; t < s.T; ++t) {
+      cpu::rope_neox(&k[(row + t) * nkv * D], nkv, D, c.rotary_dim(), inv_freq_.data(), s.pos0 + t);
+    }
+    cache.k.insert(cache.k.end(), k.begin() + row * nkv * D, k.begin() + (row + s.T) * nkv * D);
+    cache.v.insert(cache.v.end(), v.begin() + row * nkv * D, v.begin() + (row + s.T) * nkv * D);
+    row += s.T;
+  }
+}
+
+void Model::attention_layer(const LayerWeights& L, std::span<const AttnRows> seqs, const float* xn,
+                            float* y, ThreadPool* pool) const {
   const ModelConfig& c = config();
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, D = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   int64_t N = 0;
-  for (const auto& in : inputs) N += static_cast<int64_t>(in.tokens.size());
+  for (const auto& s : seqs) N += s.T;
 
-  std::vector<float> qg(N * nh * 2 * D), k(N * nkv * D), v(N * nkv * D);
+  std::vector<float> qg(N * nh * 2 * D);
   matmul(L.q_proj, xn, N, qg.data(), pool);
-  matmul(L.k_proj, xn, N, k.data(), pool);
-  matmul(L.v_proj, xn, N, v.data(), pool);
+  append_kv(L, seqs, xn, pool);
   // Split each head's [query D | gate D].
   std::vector<float> q(N * nh * D), gate(N * nh * D), o(N * nh * D);
   for (int64_t r = 0; r < N * nh; ++r) {
@@ -119,27 +380,18 @@ void Model::attention_layer(const LayerWeights& L, int64_t li, std::span<const S
     std::copy_n(&qg[r * 2 * D + D], D, &gate[r * D]);
   }
   cpu::rmsnorm_zc(q.data(), L.q_norm.data(), N * nh, D, eps, q.data());
-  cpu::rmsnorm_zc(k.data(), L.k_norm.data(), N * nkv, D, eps, k.data());
 
   int64_t row = 0;
   std::vector<int64_t> pos;
-  for (const auto& in : inputs) {
-    const int64_t T = static_cast<int64_t>(in.tokens.size());
-    SequenceState::Attention& cache = in.state->attn[li];
-    const int64_t base = in.state->n_past;
-    TF_CHECK(static_cast<int64_t>(cache.k.size()) == base * nkv * D,
-             "layer {}: cache has {} floats, n_past {}", li, cache.k.size(), base);
-    pos.resize(T);
-    for (int64_t t = 0; t < T; ++t) {
-      pos[t] = base + t;
+  for (const auto& s : seqs) {
+    pos.resize(s.T);
+    for (int64_t t = 0; t < s.T; ++t) {
+      pos[t] = s.pos0 + t;
       cpu::rope_neox(&q[(row + t) * nh * D], nh, D, c.rotary_dim(), inv_freq_.data(), pos[t]);
-      cpu::rope_neox(&k[(row + t) * nkv * D], nkv, D, c.rotary_dim(), inv_freq_.data(), pos[t]);
     }
-    cache.k.insert(cache.k.end(), k.begin() + row * nkv * D, k.begin() + (row + T) * nkv * D);
-    cache.v.insert(cache.v.end(), v.begin() + row * nkv * D, v.begin() + (row + T) * nkv * D);
-    cpu::attention(&q[row * nh * D], T, pos.data(), cache.k.data(), cache.v.data(), nh, nkv, D,
-                   1.0f / std::sqrt(static_cast<float>(D)), &o[row * nh * D], pool);
-    row += T;
+    cpu::attention(&q[row * nh * D], s.T, pos.data(), s.cache->k.data(), s.cache->v.data(), nh, nkv,
+                   D, 1.0f / std::sqrt(static_cast<float>(D)), &o[row * nh * D], pool);
+    row += s.T;
   }
   for (int64_t i = 0; i < N * nh * D; ++i) o[i] *= cpu::sigmoid(gate[i]);
   matmul(L.o_proj, o.data(), N, y, pool);
@@ -211,10 +463,20 @@ void Model::deltanet_layer(const LayerWeights& L, int64_t li, std::span<const St
         gl[t * Hv + h] = L.neg_exp_a[h] * cpu::softplus(a[(row + t) * Hv + h] + L.dt_bias[h]);
       }
     }
-    const cpu::DeltaArgs args{q.data(), k.data(), v.data(), gl.data(),   beta.data(),      T, Hk,
-                              Hv,       Dk,       Dv,       st.S.data(), &o[row * Hv * Dv]};
-    const bool recurrent = in.form == DeltaForm::kAuto ? T == 1 : in.form == DeltaForm::kRecurrent;
-    TF_CHECK(!recurrent || T == 1, "the recurrent form takes one token, got {}", T);
+    cpu::DeltaArgs args{q.data(), k.data(), v.data(), gl.data(), beta.data(), T,
+                        Hk,       Hv,       Dk,       Dv,        st.S.data(), &o[row * Hv * Dv]};
+    if (in.verify) {
+      // Token recurrence with S kept after every token, and the conv inputs, for rollback().
+      SequenceState::Verify& vr = in.state->verify;
+      vr.conv_hist[li].assign(hist.begin(), hist.end());
+      // Grown only: rollback() keeps the size, so a steady k does not re-zero it every step.
+      if (vr.S_hist[li].size() < static_cast<size_t>(T * Hv * Dk * Dv))
+        vr.S_hist[li].resize(T * Hv * Dk * Dv);
+      args.S_hist = vr.S_hist[li].data();
+    }
+    const bool recurrent =
+        in.verify || (in.form == DeltaForm::kAuto ? T == 1 : in.form == DeltaForm::kRecurrent);
+    TF_CHECK(!recurrent || T == 1 || in.verify, "the recurrent form takes one token, got {}", T);
     if (recurrent)
       cpu::delta_rule_recurrent(args, pool);
     else

@@ -21,20 +21,63 @@ namespace tf {
 
 // Prompts run the chunked delta rule in chunks that end at absolute multiples of this (§5).
 inline constexpr int64_t kDeltaChunk = 64;
+// forward computes the MTP head's pending cache rows of a state once this many are due.
+inline constexpr size_t kMtpSyncRows = 64;
 
 // The state of one sequence after n_past tokens. Copyable on purpose: a copy is a snapshot. Its
 // buffers are FloatBufs, so the observer given to Model::new_state follows them and their copies.
+//
+// Notation: x[p] is the token fed at position p; H[p] is the target's final normed hidden state
+// there (the model.norm output that feeds lm_head).
 struct SequenceState {
   int64_t n_past = 0;
   struct Attention {
-    FloatBuf k, v;  // [n_past, n_kv, D] each, post-norm, post-RoPE keys
+    FloatBuf k, v;  // [rows, n_kv, D] each, post-norm, post-RoPE keys
   };
   struct DeltaNet {
     FloatBuf conv;  // [K-1, conv_dim]: the last K-1 pre-conv inputs, oldest first
     FloatBuf S;     // [Hv, Dk, Dv] fp32 recurrent state
   };
-  std::vector<Attention> attn;  // one per layer (empty for GDN layers)
+  std::vector<Attention> attn;  // one per layer (empty for GDN layers); rows = n_past
   std::vector<DeltaNet> delta;  // one per layer (empty for attention layers)
+
+  // The MTP head's state (qwen3-next.md §6), kept only when `has_mtp` (Model::new_state(.., true)).
+  // Row p of the head's cache is computed from (H[p], x[p+1]); forward collects those pairs and the
+  // rows are computed in batches (Model::mtp_sync: by draft(), and by forward once 64 are due), so
+  // that plain steps pay almost nothing for keeping the head ready. With R = mtp_kv rows:
+  //   mtp_kv: [R, n_kv, D], R <= n_past - 1, each row exactly as the head's own forward writes it;
+  //   mtp_hidden: [n_past - R, H] = H[R .. n_past - 1] (the last row waits for x[n_past]);
+  //   mtp_tokens: [n_past - 1 - R] = x[R + 1 .. n_past - 1].
+  // Two states of the same tokens are equal after mtp_sync whatever R each had.
+  bool has_mtp = false;
+  Attention mtp_kv;
+  FloatBuf mtp_hidden;
+  std::vector<int32_t> mtp_tokens;
+
+  // A verify step (StepInput::verify) of T tokens fed at positions base..base+T-1 leaves what
+  // rollback() needs here; rollback() closes the window (base < 0). The buffers are scratch that
+  // keeps its size between windows (so the next verify step does not re-allocate or re-zero it);
+  // release_verify() frees it, e.g. before keeping a copy of the state.
+  struct Verify {
+    int64_t base = -1;  // n_past before the verify step; < 0: no window open
+    int64_t T = 0;
+    std::vector<FloatBuf> conv_hist;  // per GDN layer: [(K-1) + T, conv_dim], old conv state + new
+    std::vector<FloatBuf> S_hist;     // per GDN layer: [>= T, Hv, Dk, Dv], S after each token
+  } verify;
+
+  // Sizes of one row of the buffers above, set by Model::new_state.
+  int64_t kv_row = 0;     // n_kv * D floats per attention cache row (target layers and MTP)
+  int64_t conv_rows = 0;  // K - 1
+  int64_t hidden_size = 0;
+
+  // Closes the verify window opened by the last forward step: the state becomes exactly (every
+  // buffer, bit for bit) the state after feeding the first n - base tokens of that step one at a
+  // time. Requires base < n <= n_past; n == n_past keeps everything. The GDN conv and recurrent
+  // state come from the per-position snapshots, the attention caches and the MTP head's pending
+  // rows are truncated. Buffers keep their capacity for the next window.
+  void rollback(int64_t n);
+  // Frees the verify scratch (no window may be open).
+  void release_verify();
 
   // Bytes held by the buffers (capacity, as allocated).
   size_t bytes() const;
@@ -50,7 +93,30 @@ struct StepInput {
   SequenceState* state;
   std::span<const int32_t> tokens;  // new tokens, fed at positions state->n_past ...
   bool all_logits = false;          // logits for every token (else only the last)
-  DeltaForm form = DeltaForm::kAuto;
+  // Verify step of speculative decoding: tokens = [x, d_1 .. d_k] (the sampled token and k
+  // drafts). Every position is computed with exactly the arithmetic of a one-token decode (token
+  // recurrence of the delta rule, per-token conv, decode attention rows, per-row everything else),
+  // so its logits row equals, bit for bit, the row a one-at-a-time decode of the same tokens
+  // gives. Logits for every token; the state opens a verify window that the caller must close
+  // with state->rollback(n) before the sequence's next step.
+  bool verify = false;
+  DeltaForm form = DeltaForm::kAuto;  // prompt pieces: kChunked; decode rows: kRecurrent
+};
+
+// One sequence's drafting request (Model::draft).
+struct DraftInput {
+  SequenceState* state;  // has_mtp, n_past >= 1, no verify window open; not changed by draft()
+  int32_t next_token;    // x[n_past]: the token sampled from the last logits row, not fed yet
+  int max_tokens = 1;    // k: draft at most this many tokens
+  float p_min = 0.0f;    // adaptive gate: stop before a draft whose top probability is below p_min
+  bool want_logits = false;
+};
+
+// Drafts d_1..d_j (j <= k) for x[n_past + 1]..x[n_past + j].
+struct Draft {
+  std::vector<int32_t> tokens;  // [j] the head's argmax at each step (lowest id on ties)
+  std::vector<float> top_prob;  // [j] softmax probability of that argmax
+  std::vector<float> logits;    // [j, vocab] when want_logits
 };
 
 class Model {
@@ -62,24 +128,55 @@ class Model {
   const Weights& weights() const { return *weights_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 
-  // A fresh state (n_past 0) whose buffers report to `observer` (nullptr: none).
-  SequenceState new_state(BufferObserver* observer = nullptr) const;
+  bool has_mtp() const { return weights_->mtp != nullptr; }
+
+  // A fresh state (n_past 0) whose buffers report to `observer` (nullptr: none). With `mtp` (the
+  // model must have an MTP head) every forward also keeps the head's state, so that draft() can
+  // run after any step; that costs one fc + k/v projection row of the head per token fed.
+  SequenceState new_state(BufferObserver* observer = nullptr, bool mtp = false) const;
 
   // Runs one step. Appends logits rows ([vocab] each) to *logits in order: for each input, every
-  // token's row if all_logits, else its last token's row. Advances each state by its token count.
-  // Token ids must be in [0, vocab); the caller validates.
+  // token's row if all_logits or verify, else its last token's row. Advances each state by its
+  // token count. Token ids must be in [0, vocab); the caller validates. Inputs may mix prefill
+  // chunks, decode rows and verify steps; each row's result is the same as in any other batch.
   void forward(std::span<const StepInput> inputs, std::vector<float>* logits,
                ThreadPool* pool) const;
+
+  // Chained MTP drafting (§6), batched over sequences. For each input, step s = 1..k runs the
+  // head at position n_past - 2 + s on (h, t): step 1 on (H[n_past - 1], next_token), step s > 1
+  // on the head's own output hidden state and draft of step s - 1; d_s is its argmax. Stops at
+  // max_tokens or before the first draft whose top probability is below p_min. Each state is
+  // mtp_sync'ed first and otherwise left as it was (the draft positions' rows are scratch).
+  // out: one per input.
+  void draft(std::span<const DraftInput> inputs, std::span<Draft> out, ThreadPool* pool) const;
+
+  // Computes the MTP head's pending cache rows of these states (has_mtp, no verify window open),
+  // all in one batch: afterwards mtp_kv has n_past - 1 rows. Changes no result of any later call.
+  void mtp_sync(std::span<SequenceState* const> states, ThreadPool* pool) const;
 
   // Bytes read from weights to decode one token (active experts only): the roofline's numerator.
   double decode_bytes_per_token() const;
 
  private:
-  struct Scratch;
-  void attention_layer(const LayerWeights& L, int64_t li, std::span<const StepInput> in,
-                       const float* xn, float* y, ThreadPool* pool) const;
+  // Rows of one sequence in an attention layer: T new rows at positions pos0.. of `cache`.
+  struct AttnRows {
+    SequenceState::Attention* cache;
+    int64_t pos0, T;
+  };
+  // Appends the post-norm, post-RoPE keys and the values of xn's rows to their caches.
+  void append_kv(const LayerWeights& L, std::span<const AttnRows> seqs, const float* xn,
+                 ThreadPool* pool) const;
+  void attention_layer(const LayerWeights& L, std::span<const AttnRows> seqs, const float* xn,
+                       float* y, ThreadPool* pool) const;
   void deltanet_layer(const LayerWeights& L, int64_t li, std::span<const StepInput> in,
                       const float* xn, float* y, ThreadPool* pool) const;
+  // Appends a step's final normed hidden states h [N, H] and tokens to the MTP head's pending
+  // rows (SequenceState::mtp_hidden, mtp_tokens); syncs states with 64 or more due.
+  void mtp_collect(std::span<const StepInput> inputs, std::span<const int64_t> n0, const float* h,
+                   ThreadPool* pool) const;
+  // The head's fc input per row r: [rmsnorm(embed(toks[r])) | rmsnorm(hidden[r])], u: [n, 2H].
+  void mtp_input(std::span<const int32_t> toks, std::span<const float* const> hidden,
+                 float* u) const;
   void moe(const LayerWeights& L, const float* xn, int64_t N, float* y, ThreadPool* pool) const;
   void ffn(const FfnWeights& f, const float* x, int64_t N, float* y, ThreadPool* pool) const;
 

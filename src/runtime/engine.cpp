@@ -242,8 +242,9 @@ void Engine::step() {
     std::span<const int32_t> toks =
         r.decode ? std::span<const int32_t>(&a.last, 1)
                  : std::span<const int32_t>(a.req.prompt).subspan(r.begin, r.count);
-    inputs.push_back(
-        StepInput{&a.state, toks, false, r.decode ? DeltaForm::kRecurrent : DeltaForm::kChunked});
+    inputs.push_back(StepInput{.state = &a.state,
+                               .tokens = toks,
+                               .form = r.decode ? DeltaForm::kRecurrent : DeltaForm::kChunked});
   }
   std::vector<float> logits;
   model_.forward(inputs, &logits, &pool_);

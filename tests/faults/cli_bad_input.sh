@@ -29,4 +29,9 @@ expect_error "--prompt-ids" "$bin" generate --model "$tmp/empty"
 printf 'xxxxxxxx' >"$tmp/empty/model.safetensors"
 echo '{"model_type": "qwen3_next"}' >"$tmp/empty/config.json"
 expect_error "header length" "$bin" generate --model "$tmp/empty" --prompt-ids 1
+# --draft needs an MTP head and greedy decoding.
+golden="$(cd "$(dirname "$0")/../golden" && pwd)"
+expect_error "has no MTP head" "$bin" generate --model "$golden/a_bf16_per_expert" --prompt-ids 1,2 --draft 2
+expect_error "greedy" "$bin" generate --model "$golden/c_f16_tied_mtp" --prompt-ids 1,2 --draft 2 --temperature 0.7
+expect_error "has no MTP head" "$bin" bench --model "$golden/a_bf16_per_expert" --prompt-ids 1,2 --draft 2
 exit $fail

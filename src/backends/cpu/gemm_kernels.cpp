@@ -43,12 +43,13 @@ inline void row_tile_tokens(const char* w, int64_t w_stride, int64_t K, int64_t 
   }
 }
 
-// Few tokens (decode, small verify batches): every row is read once, 8 rows at a time.
-template <DType D, int T>
+// Few tokens (decode, verify passes of a few drafts): every row is read once, R rows at a time
+// with all T tokens (R x T accumulators, T inputs and a weight vector in the 32 registers).
+template <DType D, int T, int R = 8>
 void gemm_few(const char* w, int64_t w_stride, int64_t K, int64_t rows, const XRows& x, float* y,
               int64_t ldy) {
   int64_t r = 0;
-  for (; r + 8 <= rows; r += 8) run_tile<D, 8, T>(w, w_stride, K, r, x, 0, y, ldy);
+  for (; r + R <= rows; r += R) run_tile<D, R, T>(w, w_stride, K, r, x, 0, y, ldy);
   for (; r + 2 <= rows; r += 2) run_tile<D, 2, T>(w, w_stride, K, r, x, 0, y, ldy);
   for (; r < rows; ++r) run_tile<D, 1, T>(w, w_stride, K, r, x, 0, y, ldy);
 }
@@ -69,6 +70,8 @@ void gemm(const char* w, int64_t w_stride, int64_t K, int64_t r0, int64_t r1, co
       return gemm_few<D, 2>(w, w_stride, K, rows, x, y, ldy);
     case 3:
       return gemm_few<D, 3>(w, w_stride, K, rows, x, y, ldy);
+    case 4:  // a verify pass of 3 drafts: 6-row tiles (8 x 4 accumulators would spill)
+      return gemm_few<D, 4, 6>(w, w_stride, K, rows, x, y, ldy);
     default:
       break;
   }

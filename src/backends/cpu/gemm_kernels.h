@@ -201,8 +201,9 @@ inline void tile(const char* w, int64_t w_stride, int64_t K, const float* const*
 }
 
 // Rows [r0, r1) of w (row stride w_stride bytes, K columns) times n tokens: y[t * ldy + r - r0].
-// Tiles: n <= 3 streams rows 8 at a time (decode: bandwidth); otherwise token blocks that stay in
-// L2 are swept by 6-row x 4-token tiles (prefill: the 6 weight rows stay in L1 across the block).
+// Tiles: n <= 3 streams rows 8 at a time, n = 4 6 at a time (decode and verify: bandwidth);
+// otherwise token blocks that stay in L2 are swept by 6-row x 4-token tiles (prefill: the 6 weight
+// rows stay in L1 across the block).
 template <DType D>
 void gemm(const char* w, int64_t w_stride, int64_t K, int64_t r0, int64_t r1, const XRows& x,
           int64_t n, float* y, int64_t ldy);

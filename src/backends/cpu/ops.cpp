@@ -110,6 +110,24 @@ void l2norm_scale(float* x, int64_t n, int64_t dim, float eps, float scale) {
   }
 }
 
+int64_t argmax_prob(const float* x, int64_t n, float* prob) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  const auto mv = simd::set1(x[best]);
+  simd::V sum = simd::set1(0.0f);
+  float e[kLanes];
+  for (int64_t i = 0; i < n; i += kLanes) {
+    // Through e[]: the lanes past n come back as 0 instead of e^(0 - max).
+    const auto m = simd::mask_for(n - i);
+    simd::store(e, simd::exp(simd::sub(simd::load(x + i, m), mv)), m);
+    sum = simd::add(sum, simd::load(e, m));
+  }
+  *prob = 1.0f / kern::hsum(sum);
+  return best;
+}
+
 void causal_conv_silu(const float* in, const float* w, int64_t T, int64_t C, int64_t K,
                       float* out) {
   std::vector<float> taps(K * kLanes);  // taps[j * 16 + l] = w[(c0 + l) * K + j]
@@ -225,6 +243,7 @@ void delta_rule_recurrent(const DeltaArgs& a, ThreadPool* pool) {
           }
           for (int u = 0; u < kBlockVecs; ++u) simd::store(o + j0 + u * kLanes, acc[u], bm.m[u]);
         }
+        if (a.S_hist != nullptr) std::copy_n(S, Dk * Dv, a.S_hist + (t * a.Hv + h) * Dk * Dv);
       }
     }
   };

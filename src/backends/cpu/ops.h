@@ -33,6 +33,10 @@ inline float softplus(float x) {
   return x > 20.0f ? x : __builtin_log1pf(__builtin_expf(x));
 }
 
+// The argmax of x[0, n) (lowest index on ties) and its softmax probability
+// 1 / sum_i e^(x_i - x_max) (sum in the canonical 16-lane order): a draft head's confidence.
+int64_t argmax_prob(const float* x, int64_t n, float* prob);
+
 // Causal depthwise conv over T new rows, then SiLU: out[t, c] = silu(sum_j w[c, j] * in[t + j, c]),
 // j = 0..K-1 in order (one fma each, from 0). in: [(K - 1) + T, C] (the K-1 previous inputs, oldest
 // first, then the T new ones); w: [C, K] (tap K-1 multiplies the current row); out: [T, C].
@@ -53,6 +57,8 @@ void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cac
 // Gated delta rule over T tokens of one sequence, per v-head h (q/k head = h / (Hv / Hk)).
 //   q, k: [T, Hk, Dk] (q already L2-normed and scaled, k L2-normed); v: [T, Hv, Dv];
 //   g (log decay <= 0), beta: [T, Hv]; S: [Hv, Dk, Dv] fp32, in/out; out: [T, Hv, Dv].
+//   S_hist (optional, recurrent form only): [T, Hv, Dk, Dv], receives S after each token, so a
+//   verify pass can roll back to any of its positions.
 struct DeltaArgs {
   const float* q;
   const float* k;
@@ -62,8 +68,10 @@ struct DeltaArgs {
   int64_t T, Hk, Hv, Dk, Dv;
   float* S;
   float* out;
+  float* S_hist = nullptr;
 };
 // Token recurrence (decode / verify): S = e^g S; d = beta (v - S^T k); S += k d^T; o = S^T q.
+// Each token's arithmetic is the same whatever T is: T tokens in one call == T one-token calls.
 void delta_rule_recurrent(const DeltaArgs& a, ThreadPool* pool);
 // Chunked form (prefill), equal to the recurrence in exact arithmetic. Chunk boundaries fall at
 // absolute positions that are multiples of `chunk`: the first token of this call is at absolute

@@ -1,0 +1,156 @@
+#include "model/mtp.h"
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+
+#include "core/check.h"
+
+namespace tf {
+
+int32_t argmax_row(std::span<const float> row) {
+  int32_t best = 0;
+  for (size_t i = 1; i < row.size(); ++i) {
+    if (row[i] > row[best]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
+int64_t accept_greedy(std::span<const float> logits, int64_t vocab,
+                      std::span<const int32_t> drafts) {
+  const int64_t j = static_cast<int64_t>(drafts.size());
+  TF_CHECK(static_cast<int64_t>(logits.size()) == (j + 1) * vocab, "{} logits for {} drafts",
+           logits.size(), j);
+  int64_t m = 0;
+  while (m < j && argmax_row(logits.subspan(m * vocab, vocab)) == drafts[m]) ++m;
+  return m;
+}
+
+DraftPolicy::DraftPolicy(int k_max, int probe_every)
+    : probe_base_(probe_every),
+      probe_every_(probe_every),
+      next_probe_(probe_every),
+      time_(std::max(k_max, 0) + 1, 0.0),
+      tokens_(time_.size(), 0.0),
+      n_(time_.size(), 0.0),
+      last_(time_.size(), -1) {}
+
+int DraftPolicy::best() const {
+  int b = 0;
+  for (int k = 1; k < static_cast<int>(n_.size()); ++k) {
+    if (n_[k] >= kMinSamples * kDecay * kDecay && cost(k) < (1 - kMargin) * cost(b)) b = k;
+  }
+  return b;
+}
+
+int DraftPolicy::next() {
+  const int n = static_cast<int>(n_.size());
+  for (int k = 0; k < n; ++k) {
+    if (n_[k] == 0) return k;  // not measured yet
+  }
+  const int b = best();
+  for (int k = 0; k < n; ++k) {  // looks cheaper, too few steps to tell: try it again
+    if (k != b && n_[k] < kMinSamples * kDecay * kDecay && cost(k) < cost(b)) return k;
+  }
+  if (n > 1 && steps_ >= next_probe_) {
+    int stale = b == 0 ? 1 : 0;  // the least recently used other k
+    for (int k = 0; k < n; ++k) {
+      if (k != b && last_[k] < last_[stale]) stale = k;
+    }
+    probing_ = stale;
+    return stale;
+  }
+  return b;
+}
+
+void DraftPolicy::observe(int k, int emitted, double seconds) {
+  const int before = best();
+  last_[k] = steps_++;
+  time_[k] = kDecay * time_[k] + seconds;
+  tokens_[k] = kDecay * tokens_[k] + std::max(emitted, 1);
+  n_[k] = kDecay * n_[k] + 1;
+  if (k == probing_) {
+    probing_ = -1;
+    probe_every_ = best() == before ? std::min(2 * probe_every_, 8 * probe_base_) : probe_base_;
+    next_probe_ = steps_ + probe_every_;
+  }
+}
+
+std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int32_t first,
+                                   const GreedyOptions& o, ThreadPool* pool, DraftStats* stats) {
+  using Clock = std::chrono::steady_clock;
+  auto secs = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  DraftStats local;
+  DraftStats& st = stats ? *stats : local;
+  const int64_t V = model.config().vocab_size;
+  std::vector<int32_t> out;
+  std::vector<int32_t> feed;
+  std::vector<float> logits;
+  Draft d;
+  // Appends t; true when generation is over.
+  auto emit = [&](int32_t t) {
+    out.push_back(t);
+    ++st.emitted;
+    return static_cast<int>(out.size()) >= o.max_tokens ||
+           std::find(o.stop_tokens.begin(), o.stop_tokens.end(), t) != o.stop_tokens.end();
+  };
+  DraftPolicy policy(o.draft_max);
+  // The policy's clock: CPU seconds of the process, which other processes' load inflates less
+  // than wall time (the cost of a step is the work it does).
+  auto cpu_now = [] {
+    timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
+  int32_t tok = first;
+  while (!emit(tok)) {
+    const double c0 = cpu_now();
+    d.tokens.clear();
+    const int room = o.max_tokens - static_cast<int>(out.size());  // tokens still wanted, >= 1
+    // More drafts than tokens still wanted would be wasted: at most room - 1 (+ the bonus).
+    const int k = std::min(o.adaptive ? policy.next() : o.draft_max, room - 1);
+    double draft_s = 0;
+    if (k > 0) {
+      const auto t0 = Clock::now();
+      const DraftInput in{state, tok, k, o.draft_p_min};
+      model.draft({&in, 1}, {&d, 1}, pool);
+      draft_s = secs(t0);
+      st.draft_seconds += draft_s;
+      ++st.draft_calls;
+    }
+    feed.assign(1, tok);
+    feed.insert(feed.end(), d.tokens.begin(), d.tokens.end());
+    const int64_t base = state->n_past;
+    const bool verify = !d.tokens.empty();
+    const auto t0 = Clock::now();
+    logits.clear();
+    const StepInput step{state, feed, false, verify};
+    model.forward({&step, 1}, &logits, pool);
+    ++st.target_passes;
+    if (!verify) {
+      const double s = secs(t0);
+      st.verify_seconds += s;
+      policy.observe(k, 1, cpu_now() - c0);
+      tok = argmax_row(logits);
+      continue;
+    }
+    const int64_t m = accept_greedy(logits, V, d.tokens);
+    state->rollback(base + 1 + m);
+    const double s = secs(t0);
+    st.verify_seconds += s;
+    const int j = static_cast<int>(d.tokens.size());
+    policy.observe(k, static_cast<int>(m) + 1, cpu_now() - c0);
+    ++st.verify_steps;
+    st.drafted += j;
+    st.accepted += m;
+    bool done = false;
+    for (int64_t i = 0; i < m && !done; ++i) done = emit(d.tokens[i]);
+    if (done) break;
+    tok = argmax_row(std::span<const float>(logits).subspan(m * V, V));
+  }
+  return out;
+}
+
+}  // namespace tf

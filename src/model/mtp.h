@@ -1,0 +1,94 @@
+// Speculative decoding with the MTP head (qwen3-next.md §6), greedy: the pieces the engine uses
+// (acceptance, counters) and a single-sequence decode loop for the CLI, the bench and the tests.
+//
+// One drafted step, for a sequence whose last logits row gave the token x = x[n_past]:
+//   Draft d = draft({state, x, k})             // d_1..d_j, state unchanged
+//   forward({state, [x, d_1..d_j], verify})    // j + 1 logits rows, opens a verify window
+//   m = accept_greedy(rows, d)                 // drafts the target agrees with
+//   state->rollback(base + 1 + m)              // keeps x, d_1..d_m; closes the window
+//   next x = argmax(row m)                     // the target's own token after d_m
+// Every row of the verify pass equals the row of a one-at-a-time decode bit for bit, so this emits
+// exactly the tokens plain greedy decoding emits, and leaves exactly its state.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/model.h"
+
+namespace tf {
+
+// argmax of one logits row, lowest id on ties (the sampler's greedy rule).
+int32_t argmax_row(std::span<const float> row);
+
+// Number m of drafts accepted under greedy verification: the longest prefix with
+// argmax(logits row i) == drafts[i]. logits: [drafts.size() + 1, vocab], the verify rows of
+// [x, d_1 .. d_j]; the token after the accepted drafts is argmax(row m).
+int64_t accept_greedy(std::span<const float> logits, int64_t vocab,
+                      std::span<const int32_t> drafts);
+
+struct DraftStats {
+  int64_t target_passes = 0;  // forward steps after the prompt
+  int64_t verify_steps = 0;   // of which carried at least one draft
+  int64_t draft_calls = 0;    // draft() calls (a call may yield no draft under the gate)
+  int64_t drafted = 0;        // draft tokens proposed
+  int64_t accepted = 0;       // draft tokens accepted
+  int64_t emitted = 0;        // tokens returned
+  double draft_seconds = 0, verify_seconds = 0;
+
+  double acceptance_rate() const { return drafted ? double(accepted) / double(drafted) : 0.0; }
+  // Mean drafts accepted per verify step.
+  double mean_accepted() const {
+    return verify_steps ? double(accepted) / double(verify_steps) : 0.0;
+  }
+  double tokens_per_pass() const {
+    return target_passes ? double(emitted) / double(target_passes) : 0.0;
+  }
+};
+
+// Adaptive drafting depth for one sequence: picks k for the next step (0: a plain decode step) by
+// the measured cost per emitted token of each k in 0..k_max (decayed sums of seconds and tokens
+// over the steps that used it), so that drafting is used only where it pays on this machine, for
+// this text (acceptance varies along a reply: a copied passage, then free prose). Every k is tried
+// once at the start; one that looks cheaper than the current choice is tried until it has
+// kMinSamples steps, and replaces it only if cheaper by kMargin. Every `probe_every` steps the
+// least recently used other k is tried again, so a change is noticed; a probe that confirms the
+// choice doubles the interval (up to 8x), one that changes it resets it. It steers speed only:
+// the tokens are the same for any k.
+class DraftPolicy {
+ public:
+  explicit DraftPolicy(int k_max, int probe_every = 32);
+
+  int next();
+  // A step that asked for k drafts, emitted `emitted` tokens and cost `seconds` in all.
+  void observe(int k, int emitted, double seconds);
+  // Estimated seconds per emitted token with k drafts (0: not measured yet).
+  double cost(int k) const { return tokens_[k] > 0 ? time_[k] / tokens_[k] : 0.0; }
+
+  static constexpr double kMinSamples = 3, kMargin = 0.03, kDecay = 0.9;
+
+ private:
+  int best() const;
+  int probe_base_, probe_every_, steps_ = 0, next_probe_;
+  int probing_ = -1;                       // the k under probe, until observed
+  std::vector<double> time_, tokens_, n_;  // [k_max + 1] decayed sums per k
+  std::vector<int64_t> last_;              // step at which each k was last used
+};
+
+struct GreedyOptions {
+  int max_tokens = 16;               // tokens to return, first included
+  std::vector<int32_t> stop_tokens;  // returned, then generation stops
+  int draft_max = 0;                 // k: drafts per step at most (0: plain decoding)
+  float draft_p_min = 0.0f;          // confidence gate (DraftInput::p_min)
+  bool adaptive = true;              // choose k per step with a DraftPolicy (else always k)
+};
+
+// Greedy decoding of one sequence. `state` has been fed the prompt and `first` is the argmax of
+// its last logits row (returned as the first token). With draft_max > 0 the state must have been
+// made with mtp = true. Returns the same tokens for any draft_max / draft_p_min.
+std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int32_t first,
+                                   const GreedyOptions& o, ThreadPool* pool,
+                                   DraftStats* stats = nullptr);
+
+}  // namespace tf
