@@ -9,6 +9,7 @@ pkgs=(
   clang-format
   libpcre2-dev libicu-dev python3-jinja2
   libcpp-httplib-dev
+  libopenmpi-dev openmpi-bin
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds (release and ASan+UBSan) and runs the whole test suite in parallel, then the
 # runtime tests (threads: scheduler, engine, kept-state pool) under ThreadSanitizer.
-# Labels: unit, runtime, golden, tokenizer, server, faults, format. `scripts/test.sh -L unit`
+# Labels: unit, runtime, golden, tokenizer, server, faults, format, tp (tensor parallelism, mpirun). `scripts/test.sh -L unit`
 # passes arguments on to ctest (the TSan run always takes the runtime label).
 set -euo pipefail
 cd "$(dirname "$0")/.."
