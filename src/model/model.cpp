@@ -12,9 +12,20 @@ namespace tf {
 using cpu::matmul;
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadProgress& progress) {
+  return load(dir, progress, tp_group());
+}
+
+Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadProgress& progress,
+                                           Communicator* comm) {
   auto m = std::unique_ptr<Model>(new Model());
   TF_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::open(dir));
-  TF_ASSIGN_OR_RETURN(m->weights_, load_weights(*m->ckpt_, progress));
+  const Shard shard = comm != nullptr ? Shard{comm->rank(), comm->size()} : Shard{};
+  TF_ASSIGN_OR_RETURN(m->tp_, make_tp_layout(m->ckpt_->config(), shard));
+  TF_ASSIGN_OR_RETURN(m->weights_, load_weights(*m->ckpt_, progress, &m->tp_));
+  if (shard.size > 1) {
+    m->comm_ = comm;
+    if (shard.rank == 0) m->leader_ = std::make_unique<TpLeader>(comm);
+  }
   const ModelConfig& c = m->config();
   // inv_freq[i] = theta^(-2i / rotary_dim), in float32 as transformers computes it.
   const int64_t rd = c.rotary_dim();
@@ -24,6 +35,55 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadPro
                            static_cast<float>(std::pow(c.rope_theta, static_cast<double>(e))));
   }
   return m;
+}
+
+Model::~Model() {
+  if (leader_) leader_->send_stop();
+}
+
+void Model::reduce(float* y, int64_t n) const {
+  if (comm_ != nullptr) tp_check(comm_->all_reduce_sum(y, n));
+}
+
+void Model::embed_rows(std::span<const int32_t> toks, float* out, int64_t ld) const {
+  const Weights& w = *weights_;
+  const int64_t H = config().hidden_size, M = static_cast<int64_t>(toks.size());
+  if (comm_ == nullptr) {
+    for (int64_t i = 0; i < M; ++i) cpu::row_to_f32(w.embed, toks[i], out + i * ld);
+    return;
+  }
+  const int R = tp_.shard.size;
+  std::vector<float> mine(M * H, 0.0f), all(R * M * H);
+  for (int64_t i = 0; i < M; ++i) {
+    const int64_t v = toks[i] - tp_.vocab0;
+    if (v >= 0 && v < tp_.vocab_n) cpu::row_to_f32(w.embed, v, &mine[i * H]);
+  }
+  tp_check(comm_->all_gather(mine.data(), M * H, all.data()));
+  const int64_t V = config().vocab_size;
+  for (int64_t i = 0; i < M; ++i) {
+    int owner = 0;  // the rank whose block [V r / R, V (r + 1) / R) holds toks[i]
+    while (toks[i] >= V * (owner + 1) / R) ++owner;
+    std::copy_n(&all[(owner * M + i) * H], H, out + i * ld);
+  }
+}
+
+void Model::lm_head_rows(const float* h, int64_t M, float* logits, ThreadPool* pool) const {
+  const Weights& w = *weights_;
+  if (comm_ == nullptr) {
+    matmul(w.lm_head, h, M, logits, pool);
+    return;
+  }
+  // Each rank's [M, vocab_n] block, padded to vocab_stride columns so every rank sends the same
+  // count; then [R, M, stride] -> [M, V].
+  const int R = tp_.shard.size;
+  const int64_t S = tp_.vocab_stride, V = config().vocab_size;
+  std::vector<float> mine(M * S, 0.0f), all(R * M * S);
+  matmul(w.lm_head, h, w.lm_head.cols, M, mine.data(), S, pool);
+  tp_check(comm_->all_gather(mine.data(), M * S, all.data()));
+  for (int r = 0; r < R; ++r) {
+    const int64_t v0 = V * r / R, n = V * (r + 1) / R - v0;
+    for (int64_t i = 0; i < M; ++i) std::copy_n(&all[(r * M + i) * S], n, logits + i * V + v0);
+  }
 }
 
 size_t SequenceState::bytes() const {
@@ -37,6 +97,7 @@ size_t SequenceState::bytes() const {
 }
 
 void SequenceState::rollback(int64_t n) {
+  if (link.leader() != nullptr) link.leader()->rollback(link.id(), n);
   TF_CHECK(verify.base >= 0 && verify.base < n && n <= n_past,
            "rollback to {}: the verify window is [{}, {}]", n, verify.base, n_past);
   TF_CHECK(n_past == verify.base + verify.T, "n_past {} moved since the verify step", n_past);
@@ -67,6 +128,7 @@ void SequenceState::rollback(int64_t n) {
 
 void SequenceState::release_verify() {
   TF_CHECK(verify.base < 0, "release_verify(): the verify window from {} is open", verify.base);
+  if (link.leader() != nullptr) link.leader()->release_verify(link.id());
   for (FloatBuf& b : verify.conv_hist) FloatBuf(b.get_allocator()).swap(b);
   for (FloatBuf& b : verify.S_hist) FloatBuf(b.get_allocator()).swap(b);
 }
@@ -78,25 +140,27 @@ SequenceState Model::new_state(BufferObserver* observer, bool mtp) const {
   SequenceState s;
   s.attn.resize(c.num_hidden_layers, SequenceState::Attention{FloatBuf(alloc), FloatBuf(alloc)});
   s.delta.resize(c.num_hidden_layers, SequenceState::DeltaNet{FloatBuf(alloc), FloatBuf(alloc)});
+  // This rank's heads only (TP=1: all of them).
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     if (c.full_attention[i]) continue;
-    s.delta[i].conv.assign((c.linear_conv_kernel_dim - 1) * c.conv_dim(), 0.0f);
-    s.delta[i].S.assign(c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim,
-                        0.0f);
+    s.delta[i].conv.assign((c.linear_conv_kernel_dim - 1) * tp_.conv_dim, 0.0f);
+    s.delta[i].S.assign(tp_.hv * c.linear_key_head_dim * c.linear_value_head_dim, 0.0f);
   }
   s.has_mtp = mtp;
   s.mtp_kv = SequenceState::Attention{FloatBuf(alloc), FloatBuf(alloc)};
   s.mtp_hidden = FloatBuf(alloc);
   s.verify.conv_hist.resize(c.num_hidden_layers, FloatBuf(alloc));
   s.verify.S_hist.resize(c.num_hidden_layers, FloatBuf(alloc));
-  s.kv_row = c.num_key_value_heads * c.head_dim;
+  s.kv_row = tp_.nkv * c.head_dim;
   s.conv_rows = c.linear_conv_kernel_dim - 1;
   s.hidden_size = c.hidden_size;
+  if (leader_) s.link = StateLink(leader_.get(), leader_->create(mtp));
   return s;
 }
 
 void Model::forward(std::span<const StepInput> inputs, std::vector<float>* logits,
                     ThreadPool* pool) const {
+  if (leader_) leader_->send_forward(inputs);
   const ModelConfig& c = config();
   const Weights& w = *weights_;
   const int64_t H = c.hidden_size;
@@ -118,10 +182,10 @@ void Model::forward(std::span<const StepInput> inputs, std::vector<float>* logit
   }
 
   std::vector<float> x(N * H), xn(N * H), y(N * H);
+  std::vector<int32_t> toks;
+  for (const auto& in : inputs) toks.insert(toks.end(), in.tokens.begin(), in.tokens.end());
+  embed_rows(toks, x.data(), H);
   int64_t row = 0;
-  for (const auto& in : inputs) {
-    for (int32_t tok : in.tokens) cpu::row_to_f32(w.embed, tok, &x[row++ * H]);
-  }
 
   std::vector<AttnRows> seqs;
   for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
@@ -137,12 +201,14 @@ void Model::forward(std::span<const StepInput> inputs, std::vector<float>* logit
     } else {
       deltanet_layer(L, li, inputs, xn.data(), y.data(), pool);
     }
+    reduce(y.data(), N * H);  // row-parallel o_proj / out_proj
     for (int64_t i = 0; i < N * H; ++i) x[i] += y[i];
     cpu::rmsnorm_zc(x.data(), L.post_norm.data(), N, H, eps, xn.data());
     if (L.moe)
       moe(L, xn.data(), N, y.data(), pool);
     else
       ffn(L.mlp, xn.data(), N, y.data(), pool);
+    reduce(y.data(), N * H);  // this rank's experts and its share of the shared expert
     for (int64_t i = 0; i < N * H; ++i) x[i] += y[i];
   }
 
@@ -163,7 +229,7 @@ void Model::forward(std::span<const StepInput> inputs, std::vector<float>* logit
   for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&h[rows[i] * H], H, &hl[i * H]);
   const size_t first = logits->size();
   logits->resize(first + rows.size() * c.vocab_size);
-  matmul(w.lm_head, hl.data(), static_cast<int64_t>(rows.size()), logits->data() + first, pool);
+  lm_head_rows(hl.data(), static_cast<int64_t>(rows.size()), logits->data() + first, pool);
 
   for (const auto& in : inputs) in.state->n_past += static_cast<int64_t>(in.tokens.size());
   if (has_mtp()) mtp_collect(inputs, n0, h.data(), pool);
@@ -187,10 +253,15 @@ void Model::mtp_collect(std::span<const StepInput> inputs, std::span<const int64
     }
     row += T;
   }
-  if (!due.empty()) mtp_sync(due, pool);
+  if (!due.empty()) mtp_sync_local(due, pool);
 }
 
 void Model::mtp_sync(std::span<SequenceState* const> states, ThreadPool* pool) const {
+  if (leader_) leader_->send_mtp_sync(states);
+  mtp_sync_local(states, pool);
+}
+
+void Model::mtp_sync_local(std::span<SequenceState* const> states, ThreadPool* pool) const {
   const ModelConfig& c = config();
   const MtpWeights& m = *weights_->mtp;
   const int64_t H = c.hidden_size;
@@ -233,9 +304,9 @@ void Model::mtp_input(std::span<const int32_t> toks, std::span<const float* cons
   const MtpWeights& m = *weights_->mtp;
   const int64_t H = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  embed_rows(toks, u, 2 * H);
   for (size_t r = 0; r < toks.size(); ++r) {
     float* ur = u + r * 2 * H;
-    cpu::row_to_f32(weights_->embed, toks[r], ur);
     cpu::rmsnorm_zc(ur, m.pre_fc_norm_embedding.data(), 1, H, eps, ur);
     cpu::rmsnorm_zc(hidden[r], m.pre_fc_norm_hidden.data(), 1, H, eps, ur + H);
   }
@@ -246,6 +317,7 @@ void Model::draft(std::span<const DraftInput> inputs, std::span<Draft> out,
   TF_CHECK(inputs.size() == out.size(), "{} inputs, {} outputs", inputs.size(), out.size());
   if (inputs.empty()) return;
   TF_CHECK(has_mtp(), "draft(): the checkpoint has no MTP head");
+  if (leader_) leader_->send_draft(inputs);
   const ModelConfig& c = config();
   const MtpWeights& m = *weights_->mtp;
   const LayerWeights& L = m.layer;
@@ -260,7 +332,7 @@ void Model::draft(std::span<const DraftInput> inputs, std::span<Draft> out,
   };
   std::vector<SequenceState*> states;
   for (const DraftInput& d : inputs) states.push_back(d.state);
-  mtp_sync(states, pool);
+  mtp_sync_local(states, pool);
   std::vector<Live> live;
   int max_steps = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -298,16 +370,18 @@ void Model::draft(std::span<const DraftInput> inputs, std::span<Draft> out,
     matmul(m.fc, u.data(), M, x.data(), pool);
     cpu::rmsnorm_zc(x.data(), L.input_norm.data(), M, H, eps, xn.data());
     attention_layer(L, seqs, xn.data(), y.data(), pool);
+    reduce(y.data(), M * H);
     for (int64_t k = 0; k < M * H; ++k) x[k] += y[k];
     cpu::rmsnorm_zc(x.data(), L.post_norm.data(), M, H, eps, xn.data());
     if (L.moe)
       moe(L, xn.data(), M, y.data(), pool);
     else
       ffn(L.mlp, xn.data(), M, y.data(), pool);
+    reduce(y.data(), M * H);
     for (int64_t k = 0; k < M * H; ++k) x[k] += y[k];
     cpu::rmsnorm_zc(x.data(), m.norm.data(), M, H, eps, xn.data());
     lg.resize(M * V);
-    matmul(weights_->lm_head, xn.data(), M, lg.data(), pool);
+    lm_head_rows(xn.data(), M, lg.data(), pool);
 
     std::vector<Live> next;
     for (int64_t r = 0; r < M; ++r) {
@@ -340,7 +414,7 @@ void Model::draft(std::span<const DraftInput> inputs, std::span<Draft> out,
 void Model::append_kv(const LayerWeights& L, std::span<const AttnRows> seqs, const float* xn,
                       ThreadPool* pool) const {
   const ModelConfig& c = config();
-  const int64_t nkv = c.num_key_value_heads, D = c.head_dim;
+  const int64_t nkv = tp_.nkv, D = c.head_dim;  // this rank's KV heads
   const float eps = static_cast<float>(c.rms_norm_eps);
   int64_t N = 0;
   for (const auto& s : seqs) N += s.T;
@@ -365,7 +439,7 @@ void Model::append_kv(const LayerWeights& L, std::span<const AttnRows> seqs, con
 void Model::attention_layer(const LayerWeights& L, std::span<const AttnRows> seqs, const float* xn,
                             float* y, ThreadPool* pool) const {
   const ModelConfig& c = config();
-  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, D = c.head_dim;
+  const int64_t nh = tp_.nh, nkv = tp_.nkv, D = c.head_dim;  // this rank's heads
   const float eps = static_cast<float>(c.rms_norm_eps);
   int64_t N = 0;
   for (const auto& s : seqs) N += s.T;
@@ -400,9 +474,9 @@ void Model::attention_layer(const LayerWeights& L, std::span<const AttnRows> seq
 void Model::deltanet_layer(const LayerWeights& L, int64_t li, std::span<const StepInput> inputs,
                            const float* xn, float* y, ThreadPool* pool) const {
   const ModelConfig& c = config();
-  const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
+  const int64_t Hk = tp_.hk, Hv = tp_.hv;  // this rank's key and value heads
   const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim, r = Hv / Hk;
-  const int64_t K = c.linear_conv_kernel_dim, C = c.conv_dim(), kd = Hk * Dk;
+  const int64_t K = c.linear_conv_kernel_dim, C = tp_.conv_dim, kd = Hk * Dk;
   const int64_t G = 2 * Dk + 2 * r * Dv;  // qkvz row group per k-head
   const float eps = static_cast<float>(c.rms_norm_eps);
   int64_t N = 0;
@@ -500,6 +574,8 @@ void Model::moe(const LayerWeights& L, const float* xn, int64_t N, float* y,
   cpu::MoeArgs a;
   a.router = L.router;
   a.experts = L.experts.data();
+  a.expert_begin = tp_.e0;  // expert parallelism: this rank's experts only
+  a.expert_end = tp_.e1;
   a.top_k = c.num_experts_per_tok;
   a.norm_topk_prob = c.norm_topk_prob;
   a.shared = &L.shared;
@@ -522,7 +598,9 @@ double Model::decode_bytes_per_token() const {
       total += bytes(L.in_qkvz) + bytes(L.in_ba) + bytes(L.out_proj);
     if (L.moe) {
       total += bytes(L.router) + ffn_bytes(L.shared) +
-               static_cast<double>(c.num_experts_per_tok) * ffn_bytes(L.experts[0]);
+               (tp_.e1 > tp_.e0
+                    ? static_cast<double>(c.num_experts_per_tok) * ffn_bytes(L.experts[tp_.e0])
+                    : 0.0);
     } else {
       total += ffn_bytes(L.mlp);
     }

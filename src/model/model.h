@@ -15,6 +15,7 @@
 #include "core/buffer.h"
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
+#include "model/tp.h"
 #include "model/weights.h"
 
 namespace tf {
@@ -81,6 +82,10 @@ struct SequenceState {
 
   // Bytes held by the buffers (capacity, as allocated).
   size_t bytes() const;
+
+  // Under tensor parallelism, on rank 0: this state's id in the group (model/tp.h), so that the
+  // other ranks copy, free and roll back their shards of it when this one is. Empty at TP=1.
+  StateLink link;
 };
 
 // Which form of the gated delta rule a step uses. Prompts use the chunked form (chunks ending at
@@ -121,8 +126,15 @@ struct Draft {
 
 class Model {
  public:
+  // Loads the model; in a tensor-parallel group (tp_install, the CLI's --tp N) this rank's shard.
   static Result<std::unique_ptr<Model>> load(const std::string& dir,
                                              const LoadProgress& progress = {});
+  // Loads this rank's shard of the model for the group `comm` (nullptr or size 1: the whole model,
+  // the single-process code path). On rank 0 of a group of several, the Model leads: each of its
+  // compute calls is first sent to the other ranks, which must run tp_follow (model/tp.h).
+  static Result<std::unique_ptr<Model>> load(const std::string& dir, const LoadProgress& progress,
+                                             Communicator* comm);
+  ~Model();  // rank 0 of a group: tells the followers to stop
 
   const ModelConfig& config() const { return ckpt_->config(); }
   const Weights& weights() const { return *weights_; }
@@ -154,6 +166,10 @@ class Model {
   // all in one batch: afterwards mtp_kv has n_past - 1 rows. Changes no result of any later call.
   void mtp_sync(std::span<SequenceState* const> states, ThreadPool* pool) const;
 
+  // This rank's share of the model (TP=1: everything) and its group (nullptr at TP=1).
+  const TpLayout& tp_layout() const { return tp_; }
+  Communicator* communicator() const { return comm_; }
+
   // Bytes read from weights to decode one token (active experts only): the roofline's numerator.
   double decode_bytes_per_token() const;
 
@@ -178,11 +194,23 @@ class Model {
   void mtp_input(std::span<const int32_t> toks, std::span<const float* const> hidden,
                  float* u) const;
   void moe(const LayerWeights& L, const float* xn, int64_t N, float* y, ThreadPool* pool) const;
+  void mtp_sync_local(std::span<SequenceState* const> states, ThreadPool* pool) const;
+  // Tensor-parallel seams, each a no-op or the plain computation at TP=1:
+  // y [n]: this rank's partial sum of a row-parallel product -> the sum over ranks (rank order).
+  void reduce(float* y, int64_t n) const;
+  // Embedding rows of toks into out ([toks, H], row stride ld): each rank converts its vocabulary
+  // rows, then every rank takes each row from its owner (exact: no arithmetic across ranks).
+  void embed_rows(std::span<const int32_t> toks, float* out, int64_t ld) const;
+  // logits [M, V] of the hidden rows h [M, H]: each rank's vocabulary block, then gathered.
+  void lm_head_rows(const float* h, int64_t M, float* logits, ThreadPool* pool) const;
   void ffn(const FfnWeights& f, const float* x, int64_t N, float* y, ThreadPool* pool) const;
 
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<Weights> weights_;
-  std::vector<float> inv_freq_;  // [rotary_dim / 2]
+  std::vector<float> inv_freq_;       // [rotary_dim / 2]
+  TpLayout tp_;                       // this rank's heads, experts and vocabulary rows
+  Communicator* comm_ = nullptr;      // the group (not owned); nullptr at TP=1
+  std::unique_ptr<TpLeader> leader_;  // rank 0 of a group of several
 };
 
 }  // namespace tf

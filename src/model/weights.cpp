@@ -22,6 +22,49 @@ class Loader {
     return Status::ok();
   }
 
+  // Rows of a [rows, cols] matrix: the concatenation of `ranges` ({begin, count} each). One range
+  // is a view into the mapping; several are copied into one owned matrix.
+  Status mat_rows(const std::string& name, int64_t rows, int64_t cols,
+                  const std::vector<std::pair<int64_t, int64_t>>& ranges, Mat* out) {
+    Mat full;
+    TF_RETURN_IF_ERROR(mat(name, rows, cols, &full));
+    w_->bytes_mapped -= rows * cols * dtype_size(full.dtype);
+    int64_t n = 0;
+    for (const auto& [b, c] : ranges) n += c;
+    w_->bytes_mapped += n * cols * dtype_size(full.dtype);
+    if (ranges.size() == 1) {
+      *out = full.row_slice(ranges[0].first, ranges[0].second);
+      return Status::ok();
+    }
+    const size_t row_bytes = cols * dtype_size(full.dtype);
+    char* dst = own(n * row_bytes);
+    for (const auto& [b, c] : ranges) {
+      std::memcpy(dst, static_cast<const char*>(full.data) + b * row_bytes, c * row_bytes);
+      dst += c * row_bytes;
+    }
+    *out = Mat{full.dtype, w_->owned.back().get(), n, cols};
+    return Status::ok();
+  }
+
+  // Columns [c0, c0 + cn) of a [rows, cols] matrix (a row-parallel projection's share), copied.
+  Status mat_cols(const std::string& name, int64_t rows, int64_t cols, int64_t c0, int64_t cn,
+                  Mat* out) {
+    Mat full;
+    TF_RETURN_IF_ERROR(mat(name, rows, cols, &full));
+    if (c0 == 0 && cn == cols) {
+      *out = full;
+      return Status::ok();
+    }
+    const size_t es = dtype_size(full.dtype);
+    char* dst = own(rows * cn * es);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst + r * cn * es, static_cast<const char*>(full.data) + (r * cols + c0) * es,
+                  cn * es);
+    *out = Mat{full.dtype, dst, rows, cn};
+    w_->bytes_mapped -= rows * (cols - cn) * es;
+    return Status::ok();
+  }
+
   // A [E, R, C] packed tensor, as E matrices [R, C] (optionally a row range of each).
   Status packed(const std::string& name, int64_t E, int64_t R, int64_t C, int64_t row0,
                 int64_t rows, std::vector<Mat>* out) {
@@ -72,6 +115,12 @@ class Loader {
     return w_->owned.back().get();
   }
 
+  char* own(size_t bytes) {
+    w_->owned.emplace_back(new char[bytes]);
+    w_->owned_bytes.push_back(bytes);
+    return w_->owned.back().get();
+  }
+
   const Checkpoint& ckpt_;
   Weights* w_;
   const LoadProgress& progress_;
@@ -84,8 +133,26 @@ Status load_ffn(Loader& ld, const std::string& p, int64_t H, int64_t I, FfnWeigh
   return ld.mat(p + ".down_proj.weight", H, I, &f->down);
 }
 
-Status load_moe(const Checkpoint& ckpt, Loader& ld, const ModelConfig& c, const std::string& p,
-                LayerWeights* L) {
+// This rank's block of the intermediate rows: gate/up rows [i0, i0 + n), down columns the same.
+Status load_ffn_split(Loader& ld, const std::string& p, int64_t H, int64_t I, Shard s,
+                      FfnWeights* f) {
+  if (s.size == 1) return load_ffn(ld, p, H, I, f);
+  int64_t i0, n;
+  split_block(I, s, &i0, &n);
+  TF_RETURN_IF_ERROR(ld.mat_rows(p + ".gate_proj.weight", I, H, {{i0, n}}, &f->gate));
+  TF_RETURN_IF_ERROR(ld.mat_rows(p + ".up_proj.weight", I, H, {{i0, n}}, &f->up));
+  return ld.mat_cols(p + ".down_proj.weight", H, I, i0, n, &f->down);
+}
+
+// Keeps the elements of v in `ranges` ({begin, count}), in order.
+void select(std::vector<float>* v, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  std::vector<float> out;
+  for (const auto& [b, c] : ranges) out.insert(out.end(), v->begin() + b, v->begin() + b + c);
+  v->swap(out);
+}
+
+Status load_moe(const Checkpoint& ckpt, Loader& ld, const ModelConfig& c, const TpLayout& T,
+                const std::string& p, LayerWeights* L) {
   const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
   TF_RETURN_IF_ERROR(ld.mat(p + ".gate.weight", E, H, &L->router));
   L->experts.resize(E);
@@ -97,51 +164,152 @@ Status load_moe(const Checkpoint& ckpt, Loader& ld, const ModelConfig& c, const 
     TF_RETURN_IF_ERROR(ld.packed(p + ".experts.down_proj", E, H, I, 0, H, &down));
     for (int64_t e = 0; e < E; ++e) L->experts[e] = FfnWeights{gate[e], up[e], down[e]};
   } else {
-    for (int64_t e = 0; e < E; ++e) {
+    // Expert parallelism: only this rank's experts (the others stay empty matrices).
+    for (int64_t e = T.e0; e < T.e1; ++e) {
       TF_RETURN_IF_ERROR(load_ffn(ld, fmt::format("{}.experts.{}", p, e), H, I, &L->experts[e]));
     }
   }
-  TF_RETURN_IF_ERROR(
-      load_ffn(ld, p + ".shared_expert", H, c.shared_expert_intermediate_size, &L->shared));
+  TF_RETURN_IF_ERROR(load_ffn_split(ld, p + ".shared_expert", H, c.shared_expert_intermediate_size,
+                                    T.shard, &L->shared));
   return ld.vec(p + ".shared_expert_gate.weight", {1, H}, &L->shared_gate);
 }
 
-Status load_attention(Loader& ld, const ModelConfig& c, const std::string& p, LayerWeights* L) {
+Status load_attention(Loader& ld, const ModelConfig& c, const TpLayout& T, const std::string& p,
+                      LayerWeights* L) {
   const int64_t H = c.hidden_size, D = c.head_dim;
-  TF_RETURN_IF_ERROR(ld.mat(p + ".q_proj.weight", c.num_attention_heads * D * 2, H, &L->q_proj));
-  TF_RETURN_IF_ERROR(ld.mat(p + ".k_proj.weight", c.num_key_value_heads * D, H, &L->k_proj));
-  TF_RETURN_IF_ERROR(ld.mat(p + ".v_proj.weight", c.num_key_value_heads * D, H, &L->v_proj));
-  TF_RETURN_IF_ERROR(ld.mat(p + ".o_proj.weight", H, c.num_attention_heads * D, &L->o_proj));
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  if (T.whole()) {
+    TF_RETURN_IF_ERROR(ld.mat(p + ".q_proj.weight", nh * D * 2, H, &L->q_proj));
+    TF_RETURN_IF_ERROR(ld.mat(p + ".k_proj.weight", nkv * D, H, &L->k_proj));
+    TF_RETURN_IF_ERROR(ld.mat(p + ".v_proj.weight", nkv * D, H, &L->v_proj));
+    TF_RETURN_IF_ERROR(ld.mat(p + ".o_proj.weight", H, nh * D, &L->o_proj));
+  } else {
+    // Column-parallel q (per head [query D | gate D]), k, v; row-parallel o.
+    TF_RETURN_IF_ERROR(ld.mat_rows(p + ".q_proj.weight", nh * D * 2, H,
+                                   {{T.q0 * 2 * D, T.nh * 2 * D}}, &L->q_proj));
+    TF_RETURN_IF_ERROR(
+        ld.mat_rows(p + ".k_proj.weight", nkv * D, H, {{T.kv0 * D, T.nkv * D}}, &L->k_proj));
+    TF_RETURN_IF_ERROR(
+        ld.mat_rows(p + ".v_proj.weight", nkv * D, H, {{T.kv0 * D, T.nkv * D}}, &L->v_proj));
+    TF_RETURN_IF_ERROR(
+        ld.mat_cols(p + ".o_proj.weight", H, nh * D, T.q0 * D, T.nh * D, &L->o_proj));
+  }
   TF_RETURN_IF_ERROR(ld.vec(p + ".q_norm.weight", {D}, &L->q_norm));
   return ld.vec(p + ".k_norm.weight", {D}, &L->k_norm);
 }
 
-Status load_deltanet(Loader& ld, const ModelConfig& c, const std::string& p, LayerWeights* L) {
+Status load_deltanet(Loader& ld, const ModelConfig& c, const TpLayout& T, const std::string& p,
+                     LayerWeights* L) {
   const int64_t H = c.hidden_size, Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim,
                 K = c.linear_conv_kernel_dim;
   const int64_t r = Hv / Hk;
-  TF_RETURN_IF_ERROR(
-      ld.mat(p + ".in_proj_qkvz.weight", Hk * (2 * Dk + 2 * r * Dv), H, &L->in_qkvz));
-  TF_RETURN_IF_ERROR(ld.mat(p + ".in_proj_ba.weight", Hk * 2 * r, H, &L->in_ba));
-  TF_RETURN_IF_ERROR(ld.mat(p + ".out_proj.weight", H, Hv * Dv, &L->out_proj));
+  if (T.whole()) {
+    TF_RETURN_IF_ERROR(
+        ld.mat(p + ".in_proj_qkvz.weight", Hk * (2 * Dk + 2 * r * Dv), H, &L->in_qkvz));
+    TF_RETURN_IF_ERROR(ld.mat(p + ".in_proj_ba.weight", Hk * 2 * r, H, &L->in_ba));
+    TF_RETURN_IF_ERROR(ld.mat(p + ".out_proj.weight", H, Hv * Dv, &L->out_proj));
+  } else {
+    // Per held key head g, the value heads [ja, jb) of its group of r that this rank holds; the
+    // local rows keep the checkpoint's grouping with r_local = jb - ja:
+    //   qkvz group: [q Dk | k Dk | v r Dv | z r Dv] -> [q | k | v (jb-ja) Dv | z (jb-ja) Dv]
+    //   ba group:   [b r | a r]                     -> [b (jb-ja) | a (jb-ja)]
+    const int64_t G = 2 * Dk + 2 * r * Dv;
+    std::vector<std::pair<int64_t, int64_t>> qkvz, ba;
+    for (int64_t g = T.k0; g < T.k0 + T.hk; ++g) {
+      const int64_t ja = std::max(T.v0, g * r) - g * r;
+      const int64_t jb = std::min(T.v0 + T.hv, (g + 1) * r) - g * r;
+      qkvz.push_back({g * G, 2 * Dk});
+      qkvz.push_back({g * G + 2 * Dk + ja * Dv, (jb - ja) * Dv});
+      qkvz.push_back({g * G + 2 * Dk + r * Dv + ja * Dv, (jb - ja) * Dv});
+      ba.push_back({g * 2 * r + ja, jb - ja});
+      ba.push_back({g * 2 * r + r + ja, jb - ja});
+    }
+    TF_RETURN_IF_ERROR(ld.mat_rows(p + ".in_proj_qkvz.weight", Hk * G, H, qkvz, &L->in_qkvz));
+    TF_RETURN_IF_ERROR(ld.mat_rows(p + ".in_proj_ba.weight", Hk * 2 * r, H, ba, &L->in_ba));
+    TF_RETURN_IF_ERROR(
+        ld.mat_cols(p + ".out_proj.weight", H, Hv * Dv, T.v0 * Dv, T.hv * Dv, &L->out_proj));
+  }
   TF_RETURN_IF_ERROR(ld.vec(p + ".conv1d.weight", {c.conv_dim(), 1, K}, &L->conv));
   TF_RETURN_IF_ERROR(ld.vec(p + ".dt_bias", {Hv}, &L->dt_bias));
   std::vector<float> a_log;
   TF_RETURN_IF_ERROR(ld.vec(p + ".A_log", {Hv}, &a_log));
-  L->neg_exp_a.resize(Hv);
-  for (int64_t h = 0; h < Hv; ++h) L->neg_exp_a[h] = -std::exp(a_log[h]);
+  if (!T.whole()) {
+    // Conv channels [q Hk Dk | k Hk Dk | v Hv Dv], K taps each: the held heads' channels.
+    const int64_t kd = Hk * Dk;
+    select(&L->conv, {{T.k0 * Dk * K, T.hk * Dk * K},
+                      {(kd + T.k0 * Dk) * K, T.hk * Dk * K},
+                      {(2 * kd + T.v0 * Dv) * K, T.hv * Dv * K}});
+    select(&L->dt_bias, {{T.v0, T.hv}});
+    select(&a_log, {{T.v0, T.hv}});
+  }
+  L->neg_exp_a.resize(a_log.size());
+  for (size_t h = 0; h < a_log.size(); ++h) L->neg_exp_a[h] = -std::exp(a_log[h]);
   return ld.vec(p + ".norm.weight", {Dv}, &L->gnorm);
 }
 
-Status load_mlp(const Checkpoint& ckpt, Loader& ld, const ModelConfig& c, int64_t i,
-                const std::string& p, LayerWeights* L) {
+Status load_mlp(const Checkpoint& ckpt, Loader& ld, const ModelConfig& c, const TpLayout& T,
+                int64_t i, const std::string& p, LayerWeights* L) {
   L->moe = c.is_moe_layer(i);
-  if (L->moe) return load_moe(ckpt, ld, c, p + ".mlp", L);
-  return load_ffn(ld, p + ".mlp", c.hidden_size, c.intermediate_size, &L->mlp);
+  if (L->moe) return load_moe(ckpt, ld, c, T, p + ".mlp", L);
+  return load_ffn_split(ld, p + ".mlp", c.hidden_size, c.intermediate_size, T.shard, &L->mlp);
 }
 
 }  // namespace
+
+Result<TpLayout> make_tp_layout(const ModelConfig& c, Shard s) {
+  TpLayout T;
+  T.shard = s;
+  const int64_t N = s.size;
+  if (N < 1 || s.rank < 0 || s.rank >= N) return Status::invalid("rank {} of {}", s.rank, N);
+  // Query heads split evenly; the KV heads they read: a block of whole groups, or one KV head
+  // shared (replicated) by the ranks that split its group.
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  if (nh % N != 0) {
+    return Status::unsupported("--tp {}: the {} attention heads do not split evenly over {} ranks",
+                               N, nh, N);
+  }
+  T.nh = nh / N;
+  T.q0 = T.nh * s.rank;
+  const int64_t g = nh / nkv;  // query heads per KV head
+  if (T.nh % g != 0 && g % T.nh != 0) {
+    return Status::unsupported(
+        "--tp {}: {} query heads per rank do not align with groups of {} per KV head", N, T.nh, g);
+  }
+  T.kv0 = T.q0 / g;
+  T.nkv = std::max<int64_t>(1, T.nh / g);
+  // GDN: value heads split evenly; the key heads they read, the same way.
+  const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
+  const bool any_gdn =
+      std::find(c.full_attention.begin(), c.full_attention.end(), false) != c.full_attention.end();
+  if (any_gdn) {
+    if (Hv % N != 0) {
+      return Status::unsupported(
+          "--tp {}: the {} Gated DeltaNet value heads do not split evenly over {} ranks", N, Hv, N);
+    }
+    const int64_t r = Hv / Hk;
+    T.hv = Hv / N;
+    T.v0 = T.hv * s.rank;
+    if (T.hv % r != 0 && r % T.hv != 0) {
+      return Status::unsupported(
+          "--tp {}: {} value heads per rank do not align with groups of {} per key head", N, T.hv,
+          r);
+    }
+    T.k0 = T.v0 / r;
+    T.hk = std::max<int64_t>(1, T.hv / r);
+    T.conv_dim = 2 * T.hk * c.linear_key_head_dim + T.hv * c.linear_value_head_dim;
+  }
+  int64_t ne;
+  split_block(c.num_experts, s, &T.e0, &ne);
+  T.e1 = T.e0 + ne;
+  split_block(c.vocab_size, s, &T.vocab0, &T.vocab_n);
+  T.vocab_stride = (c.vocab_size + N - 1) / N;
+  for (int64_t I : {c.intermediate_size, c.shared_expert_intermediate_size}) {
+    if (I > 0 && I < N)
+      return Status::unsupported("--tp {}: an MLP of {} rows cannot split over {} ranks", N, I, N);
+  }
+  return T;
+}
 
 void Weights::for_each_owned(const std::function<void(const void*, size_t)>& fn) const {
   auto vec = [&](const std::vector<float>& v) {
@@ -162,17 +330,25 @@ void Weights::for_each_owned(const std::function<void(const void*, size_t)>& fn)
   for (size_t i = 0; i < owned.size(); ++i) fn(owned[i].get(), owned_bytes[i]);
 }
 
-Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt,
-                                              const LoadProgress& progress) {
+Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt, const LoadProgress& progress,
+                                              const TpLayout* layout) {
   const ModelConfig& c = ckpt.config();
+  TpLayout whole;
+  if (layout == nullptr) {
+    TF_ASSIGN_OR_RETURN(whole, make_tp_layout(c, Shard{}));
+    layout = &whole;
+  }
+  const TpLayout& T = *layout;
   auto w = std::make_unique<Weights>();
   Loader ld(ckpt, w.get(), progress);
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  TF_RETURN_IF_ERROR(ld.mat("model.embed_tokens.weight", V, H, &w->embed));
+  // Vocab-parallel: this rank's rows of the embedding and of lm_head (one range: views).
+  TF_RETURN_IF_ERROR(
+      ld.mat_rows("model.embed_tokens.weight", V, H, {{T.vocab0, T.vocab_n}}, &w->embed));
   if (c.tie_word_embeddings) {
     w->lm_head = w->embed;
   } else {
-    TF_RETURN_IF_ERROR(ld.mat("lm_head.weight", V, H, &w->lm_head));
+    TF_RETURN_IF_ERROR(ld.mat_rows("lm_head.weight", V, H, {{T.vocab0, T.vocab_n}}, &w->lm_head));
   }
   TF_RETURN_IF_ERROR(ld.vec("model.norm.weight", {H}, &w->final_norm));
   w->layers.resize(c.num_hidden_layers);
@@ -183,11 +359,11 @@ Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt,
     TF_RETURN_IF_ERROR(ld.vec(p + ".input_layernorm.weight", {H}, &L.input_norm));
     TF_RETURN_IF_ERROR(ld.vec(p + ".post_attention_layernorm.weight", {H}, &L.post_norm));
     if (L.full_attention) {
-      TF_RETURN_IF_ERROR(load_attention(ld, c, p + ".self_attn", &L));
+      TF_RETURN_IF_ERROR(load_attention(ld, c, T, p + ".self_attn", &L));
     } else {
-      TF_RETURN_IF_ERROR(load_deltanet(ld, c, p + ".linear_attn", &L));
+      TF_RETURN_IF_ERROR(load_deltanet(ld, c, T, p + ".linear_attn", &L));
     }
-    TF_RETURN_IF_ERROR(load_mlp(ckpt, ld, c, i, p, &L));
+    TF_RETURN_IF_ERROR(load_mlp(ckpt, ld, c, T, i, p, &L));
   }
   // MTP (§6): one full-attention + MoE layer, present only if the checkpoint ships mtp.* tensors.
   if (ckpt.has("mtp.fc.weight")) {
@@ -200,12 +376,14 @@ Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt,
     L.full_attention = true;
     TF_RETURN_IF_ERROR(ld.vec("mtp.layers.0.input_layernorm.weight", {H}, &L.input_norm));
     TF_RETURN_IF_ERROR(ld.vec("mtp.layers.0.post_attention_layernorm.weight", {H}, &L.post_norm));
-    TF_RETURN_IF_ERROR(load_attention(ld, c, "mtp.layers.0.self_attn", &L));
+    // Split like the target's layers (its KV cache lives split too); fc is replicated.
+    TF_RETURN_IF_ERROR(load_attention(ld, c, T, "mtp.layers.0.self_attn", &L));
     L.moe = c.num_experts > 0;
     if (L.moe) {
-      TF_RETURN_IF_ERROR(load_moe(ckpt, ld, c, "mtp.layers.0.mlp", &L));
+      TF_RETURN_IF_ERROR(load_moe(ckpt, ld, c, T, "mtp.layers.0.mlp", &L));
     } else {
-      TF_RETURN_IF_ERROR(load_ffn(ld, "mtp.layers.0.mlp", H, c.intermediate_size, &L.mlp));
+      TF_RETURN_IF_ERROR(
+          load_ffn_split(ld, "mtp.layers.0.mlp", H, c.intermediate_size, T.shard, &L.mlp));
     }
     w->mtp = std::move(m);
   }

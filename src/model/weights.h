@@ -15,6 +15,45 @@ namespace tf {
 
 using cpu::Mat;
 
+// This process's part of a tensor-parallel model: rank of size ranks (TP=1: {0, 1}, everything).
+struct Shard {
+  int rank = 0;
+  int size = 1;
+};
+
+// Which heads, experts and rows a rank holds (design: docs/PERFORMANCE.md "Tensor parallelism").
+// Ranges are [begin, begin + count). At TP=1 every range is the whole and the weights are the
+// checkpoint's own views, so the forward pass is the single-process one.
+//  - Full attention: query heads split evenly; a rank holds the KV heads its query heads read, so
+//    when there are fewer KV heads than ranks a KV head is replicated (computed on several ranks).
+//  - Gated DeltaNet: value heads split evenly; a rank holds the key heads its value heads read
+//    (replicated the same way when there are fewer key heads than ranks).
+//  - MoE: experts split in contiguous blocks (expert parallelism; the router is replicated); the
+//    shared expert and dense MLPs split by intermediate rows (gate/up by rows, down by columns).
+//  - Embedding and lm_head: vocabulary rows split in contiguous blocks.
+struct TpLayout {
+  Shard shard;
+  int64_t q0 = 0, nh = 0;    // query heads
+  int64_t kv0 = 0, nkv = 0;  // KV heads
+  int64_t v0 = 0, hv = 0;    // GDN value heads
+  int64_t k0 = 0, hk = 0;    // GDN key heads
+  int64_t e0 = 0, e1 = 0;    // routed experts [e0, e1)
+  int64_t vocab0 = 0, vocab_n = 0;
+  int64_t vocab_stride = 0;  // max vocab_n over ranks: the block each rank sends when gathering
+  int64_t conv_dim = 0;      // 2 hk Dk + hv Dv: GDN conv channels held here
+  bool whole() const { return shard.size == 1; }
+};
+
+// [begin, begin + count) of `n` items split in `size` contiguous blocks (the first n % size one
+// longer): the block of `rank`.
+inline void split_block(int64_t n, Shard s, int64_t* begin, int64_t* count) {
+  *begin = n * s.rank / s.size;
+  *count = n * (s.rank + 1) / s.size - *begin;
+}
+
+// The layout of `shard`, or an error naming the head count that does not split over the ranks.
+Result<TpLayout> make_tp_layout(const ModelConfig& c, Shard shard);
+
 // A SwiGLU feed-forward: down(silu(gate x) * up x); gate, up [I, H], down [H, I].
 using FfnWeights = cpu::FfnMats;
 
@@ -74,7 +113,10 @@ using LoadProgress = std::function<void(size_t done, size_t total)>;
 
 // Loads and checks every tensor the config implies. Errors name the file, tensor and expected vs
 // actual shape or dtype.
+// With a layout of more than one rank, loads only that rank's share (copied out of the mapping
+// where it is not a contiguous row range).
 Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt,
-                                              const LoadProgress& progress = {});
+                                              const LoadProgress& progress = {},
+                                              const TpLayout* layout = nullptr);
 
 }  // namespace tf

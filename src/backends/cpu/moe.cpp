@@ -59,8 +59,9 @@ void moe_ffn(const MoeArgs& a, const float* x, int64_t N, float* y, ThreadPool* 
   const int64_t per_row = K + (a.shared != nullptr ? 1 : 0);  // output terms per row
 
   // Scratch sized for the worst case of the routing.
+  const int64_t e_begin = a.expert_begin, e_end = a.expert_end < 0 ? E : a.expert_end;
   int64_t h_floats = a.shared != nullptr ? N * a.shared->gate.rows : 0;
-  if (E > 0) h_floats += N * K * a.experts[0].gate.rows;
+  if (e_end > e_begin) h_floats += N * K * a.experts[e_begin].gate.rows;
   float* logits = scratch_floats(0, N * std::max<int64_t>(E, 1) + N);
   float* gate_logit = logits + N * std::max<int64_t>(E, 1);
   float* hbuf = scratch_floats(1, h_floats);
@@ -70,6 +71,7 @@ void moe_ffn(const MoeArgs& a, const float* x, int64_t N, float* y, ThreadPool* 
   std::vector<float> weights(N * per_row);           // row-major: each term's weight
   std::vector<Group> groups;
   groups.reserve(E + 1);
+  std::vector<int64_t> filled(N, 0);  // terms of each row (per_row unless experts are elsewhere)
 
   // Routing (one thread): softmax, top-k, then the groups in ascending expert order.
   auto route = [&] {
@@ -92,7 +94,6 @@ void moe_ffn(const MoeArgs& a, const float* x, int64_t N, float* y, ThreadPool* 
         chosen[idx[j]].emplace_back(static_cast<int32_t>(t), wj);
       }
     }
-    std::vector<int64_t> filled(N, 0);
     int64_t at = 0, h_off = 0;
     auto add_group = [&](const FfnMats* f, const std::vector<std::pair<int32_t, float>>& rs) {
       groups.push_back(Group{f, static_cast<int64_t>(rs.size()), at, h_off});
@@ -105,7 +106,7 @@ void moe_ffn(const MoeArgs& a, const float* x, int64_t N, float* y, ThreadPool* 
       }
       h_off += groups.back().n * f->gate.rows;
     };
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t e = e_begin; e < e_end; ++e) {
       if (!chosen[e].empty()) add_group(&a.experts[e], chosen[e]);
     }
     if (a.shared != nullptr) {
@@ -164,7 +165,7 @@ void moe_ffn(const MoeArgs& a, const float* x, int64_t N, float* y, ThreadPool* 
       for (int64_t d = d0; d < d1; d += simd::kLanes) {
         const auto m = simd::mask_for(d1 - d);
         auto acc = simd::set1(0.0f);
-        for (int64_t j = 0; j < per_row; ++j) {
+        for (int64_t j = 0; j < filled[t]; ++j) {
           acc = simd::fma(simd::load(obuf + tt[j] * H + d, m), simd::set1(wt[j]), acc);
         }
         simd::store(y + t * H + d, acc, m);

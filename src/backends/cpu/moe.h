@@ -27,6 +27,10 @@ struct MoeArgs {
   bool norm_topk_prob = true;          // renormalise the k chosen probabilities to sum 1
   const FfnMats* shared = nullptr;     // optional expert that every row uses
   const float* shared_gate = nullptr;  // [H]: shared weight sigmoid(x . shared_gate); null: 1
+  // Expert parallelism: only experts in [expert_begin, expert_end) are computed (the others'
+  // matrices may be empty); the routing still sees all E (end < 0: E). A row with none of its
+  // top_k here gets only the shared expert's term.
+  int64_t expert_begin = 0, expert_end = -1;
 };
 
 // For each row t of x [N, H]:
