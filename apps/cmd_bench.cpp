@@ -26,6 +26,7 @@ struct BenchOptions {
   int gen = 32;
   int reps = 3;
   int threads = 0;
+  int tp = 1;  // tensor-parallel ranks (--tp)
   double bandwidth_gib = 2.0;
   bool json = false;
   std::string prompt_ids;  // else a random prompt of prompt_len
@@ -243,7 +244,10 @@ void add_bench(CLI::App& app) {
                 "Always draft K tokens (else K is the most, chosen per step from the recent "
                 "acceptance and the measured costs)");
   cmd->add_flag("--json", o->json);
-  cmd->callback([o] { exit_code() = run_bench(*o); });
+  add_tp_option(cmd, &o->tp);
+  cmd->callback([o] {
+    exit_code() = run_with_tp(o->tp, o->model, &o->threads, [o] { return run_bench(*o); });
+  });
 }
 
 }  // namespace tf::app

@@ -45,6 +45,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   std::string dump_logits;
   int threads = 0;
+  int tp = 1;     // tensor-parallel ranks (--tp)
   int draft = 0;  // MTP drafts per step (0: plain decoding)
   float draft_p_min = 0.0f;
   bool draft_fixed = false;
@@ -205,7 +206,10 @@ void add_generate(CLI::App& app) {
                 "acceptance and the measured costs)");
   cmd->add_option("--dump-logits", o->dump_logits,
                   "Write float32 logits, one row per position fed (prompt, then generated)");
-  cmd->callback([o] { exit_code() = run_generate(*o); });
+  add_tp_option(cmd, &o->tp);
+  cmd->callback([o] {
+    exit_code() = run_with_tp(o->tp, o->model, &o->threads, [o] { return run_generate(*o); });
+  });
 }
 
 }  // namespace tf::app

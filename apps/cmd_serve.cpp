@@ -1,5 +1,6 @@
 // tensorfold serve: the OpenAI-compatible HTTP server (see src/server/server.h and the README).
 #include <cstdlib>
+#include <memory>
 
 #include <string>
 
@@ -112,13 +113,17 @@ void add_serve(CLI::App& app) {
         auto b = residency::parse_bytes(v);
         return b ? "" : b.status().message();
       });
-  cmd->callback([o] {
+  auto tp = std::make_shared<int>(1);
+  add_tp_option(cmd, tp.get());
+  cmd->callback([o, tp] {
     if (o->api_key.empty()) {
       if (const char* k = std::getenv("TENSORFOLD_API_KEY")) o->api_key = k;
     }
     if (const char* v = std::getenv("TENSORFOLD_NO_RESIDENCY"); v && *v && std::string(v) != "0")
       o->residency = false;
-    exit_code() = server::run_server(*o);
+    // Rank 0 serves; under --tp N the other ranks follow its engine (apps/tp_run.cpp).
+    exit_code() =
+        run_with_tp(*tp, o->model_dir, &o->threads, [o] { return server::run_server(*o); });
   });
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,13 @@ inline constexpr const char* kDefaultModel = "models/tiny-next";
 
 // "1,2,3" -> token ids, each in [0, vocab) (--prompt-ids of generate and bench).
 Result<std::vector<int32_t>> parse_prompt_ids(const std::string& s, int64_t vocab);
+
+// --tp N (apps/tp_run.cpp): the option, and the callback wrapper. With N == 1 outside mpirun,
+// run_with_tp is lead(). Otherwise it checks N against the MPI job's size (a clear error if they
+// differ), joins the group, and runs lead() on rank 0 while the other ranks follow it until rank
+// 0's model is gone. *threads 0 becomes the cores per rank.
+void add_tp_option(CLI::App* cmd, int* tp);
+int run_with_tp(int tp, const std::string& model, int* threads, const std::function<int()>& lead);
 
 // Exit code of a subcommand, set by its callback.
 int& exit_code();
