@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The server with --tp 2 end to end (label tp), then a rank killed mid-serve (label faults):
 #   serve     `mpirun -np 2 tensorfold serve --tp 2`: /health, a chat completion, a stream, two
-#             requests at once, a second turn (resumed from a kept state: copies on every rank);
+#             requests at once, a chat's second turn (resumed from a kept state: copied on every rank);
 #             greedy replies equal those of a TP=1 server; SIGTERM stops it within 5 s.
 #   kill      rank 1 killed (SIGKILL) while a long stream runs: rank 0 reports "rank 1 (pid P)
 #             died", every process is gone within 5 s, mpirun exits non-zero, the client's
@@ -80,15 +80,31 @@ replies() {
     -d "${q1%\}}, \"stream\": true}" | grep -c '^data: ' >"$out.stream"
   local a1
   a1=$(cat "$out.1")
-  python3 - "$a1" >"$tmp/turn2.json" <<'PY'
+  # With a system prompt over 64 tokens, so that the first turn keeps a state the second resumes.
+  python3 - "$a1" >"$tmp/turn1.json" <<'PY'
 import json, sys
+sys_msg = "You are a careful assistant. " * 12
 print(json.dumps({"messages": [
+    {"role": "system", "content": sys_msg},
+    {"role": "user", "content": "What is 123 + 456?"}],
+  "temperature": 0, "max_tokens": 16, "chat_template_kwargs": {"enable_thinking": False}}))
+PY
+  chat "$(cat "$tmp/turn1.json")" >"$out.t1.json"
+  content <"$out.t1.json" >"$out.5" || bad "first turn with a system prompt"
+  python3 - "$(cat "$out.5")" >"$tmp/turn2.json" <<'PY'
+import json, sys
+sys_msg = "You are a careful assistant. " * 12
+print(json.dumps({"messages": [
+    {"role": "system", "content": sys_msg},
     {"role": "user", "content": "What is 123 + 456?"},
     {"role": "assistant", "content": sys.argv[1]},
     {"role": "user", "content": "And 1 + 1?"}],
   "temperature": 0, "max_tokens": 16, "chat_template_kwargs": {"enable_thinking": False}}))
 PY
-  chat "$(cat "$tmp/turn2.json")" | content >"$out.4" || bad "second turn"
+  chat "$(cat "$tmp/turn2.json")" >"$out.t2.json"
+  content <"$out.t2.json" >"$out.4" || bad "second turn"
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["usage"]["prompt_tokens_details"]["cached_tokens"])' \
+    <"$out.t2.json" >"$out.cached"
 }
 
 if [ "$what" = serve ]; then
@@ -97,7 +113,9 @@ if [ "$what" = serve ]; then
   kill "$pid"; wait "$pid"; pid=
   start "$tmp/tp.log" 2 || { echo "FAIL: the --tp 2 server did not start"; exit 1; }
   replies "$tmp/tp"
-  for f in 1 2 3a 3b 4; do
+  [ "$(cat "$tmp/tp.cached")" -gt 0 ] || bad "the second turn resumed no kept state under --tp 2"
+  echo "TP=2 second turn: $(cat "$tmp/tp.cached") prompt tokens from a kept state"
+  for f in 1 2 3a 3b 4 5; do
     if ! cmp -s "$tmp/one.$f" "$tmp/tp.$f"; then
       bad "reply $f differs: TP=1 '$(cat "$tmp/one.$f")' vs TP=2 '$(cat "$tmp/tp.$f")'"
     fi
