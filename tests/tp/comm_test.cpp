@@ -1,6 +1,8 @@
 // The MPI communicator, run under `mpirun -np N` (ctest label tp). Each rank's data is a known
 // function of (rank, i), so every rank can compute the expected results itself.
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -57,6 +59,21 @@ TEST(MpiComm, BroadcastFromEveryRoot) {
     for (int64_t x : v) EXPECT_EQ(x, 1000 + root);
   }
   EXPECT_TRUE(g_comm->barrier().is_ok());
+}
+
+// Not a check: the latency of one decode-step all-reduce (tiny-next: 320 floats), for
+// docs/PERFORMANCE.md.
+TEST(MpiComm, ReportsAllReduceLatency) {
+  std::vector<float> x(320, 1.0f);
+  ASSERT_TRUE(g_comm->barrier().is_ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  const int reps = 2000;
+  for (int i = 0; i < reps; ++i) ASSERT_TRUE(g_comm->all_reduce_sum(x.data(), 320).is_ok());
+  const double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  if (g_comm->rank() == 0)
+    std::printf("all_reduce_sum of 320 floats over %d ranks: %.1f us\n", g_comm->size(),
+                us / reps);
 }
 
 TEST(SingleComm, IsTheIdentity) {
