@@ -1,5 +1,6 @@
 #include "comm/mpi_comm.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 

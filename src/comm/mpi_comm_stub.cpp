@@ -1,4 +1,5 @@
 // mpi_comm.h where this build has no MPI (TF_MPI off or MPI not found): --tp N > 1 is refused.
+#include <algorithm>
 #include <cstdlib>
 
 #include "comm/mpi_comm.h"
