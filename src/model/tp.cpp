@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "comm/mpi_comm.h"
 #include "core/thread_pool.h"

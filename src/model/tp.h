@@ -54,7 +54,6 @@ class TpLeader {
 
   Communicator* comm_;
   std::mutex mu_;
-
   uint64_t next_id_ = 1;
   std::vector<uint8_t> ops_;  // pending: [op u8, a u64, b i64] each
   size_t n_ops_ = 0;
