@@ -72,8 +72,7 @@ TEST(MpiComm, ReportsAllReduceLatency) {
   const double us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   if (g_comm->rank() == 0)
-    std::printf("all_reduce_sum of 320 floats over %d ranks: %.1f us\n", g_comm->size(),
-                us / reps);
+    std::printf("all_reduce_sum of 320 floats over %d ranks: %.1f us\n", g_comm->size(), us / reps);
 }
 
 TEST(SingleComm, IsTheIdentity) {
