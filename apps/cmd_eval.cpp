@@ -1,6 +1,8 @@
 // tensorfold eval: the held-out evaluation of the embedded model (issue 4's targets) on our engine.
 //   tensorfold eval [--model DIR] [--cases FILE] [--copy N] [--arith N] [--batch B] [--threads T]
-//                   [--min-copy F] [--min-arith-off F] [--min-arith-on F] [--min-same F] [--json]
+//                   [--prose N] [--min-copy F] [--min-arith-off F] [--min-arith-on F] [--min-same
+//                   F]
+//                   [--min-mtp-copy F] [--min-mtp-prose F] [--json]
 // Each case is one user message rendered with the model's own chat template (generation prompt on),
 // encoded with its tokenizer and decoded greedily with Model::forward (fp32, CPU), many sequences
 // per step. Copy: the answer must be the passage exactly, then <|im_end|> (thinking off).
@@ -8,8 +10,14 @@
 // and transformers' greedy tokens for them come from tools/tiny_next/eval_cases.json
 // (tools/tiny_next/make_eval_cases.py); "same tokens" is the share of cases where the engine
 // produced exactly transformers' tokens. With --min-*, the exit code is 1 when a result is below
-// its floor (the ctest `tiny_next_eval`). MTP agreement is not measured here yet: it needs the
-// engine's MTP forward (TODO, src/model).
+// its floor (the ctest `tiny_next_eval`).
+//
+// MTP agreement (train.py's mtp_agreement, on our engine): before each token x the model is fed
+// after the prompt, the head drafts one token from (H of the last position, x) (Model::draft, k =
+// 1); it agrees when the draft equals the model's own argmax after x, i.e. a one-token draft is
+// accepted. Measured on the copy answers, on held-out prose teacher-forced (the first 256 tokens of
+// each document: positions 0..254, the model's argmax as the target) and on the model's own greedy
+// continuation of held-out prose ("Continue this text" with the first 40 words, 64 tokens).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,25 +44,32 @@ struct EvalOptions {
   std::string cases = "tools/tiny_next/eval_cases.json";
   int copy = -1;   // the first N copy cases (-1: all)
   int arith = -1;  // the first N arithmetic cases, run with thinking off and on (-1: all)
+  int prose = -1;  // the first N held-out prose documents for MTP agreement (-1: all)
   int batch = 32;
   int threads = 0;
   double min_copy = 0, min_arith_off = 0, min_arith_on = 0, min_same = 0;
+  double min_mtp_copy = 0, min_mtp_prose = 0;
   bool json = false;
 };
 
-// One greedy generation.
+// One greedy generation, or (forced non-empty) one teacher-forced pass.
 struct Job {
   std::vector<int32_t> prompt;
   int max_new = 0;
-  std::vector<int32_t> out;
+  std::vector<int32_t> out;     // generated tokens (the stop token included)
+  std::vector<int32_t> forced;  // fed after the prompt instead of generating; out stays empty
+  bool mtp = false;             // measure MTP agreement (the model must have a head)
+  int mtp_n = 0, mtp_agree = 0;
 };
 
 int32_t argmax(const float* row, int64_t n) {
   return static_cast<int32_t>(std::max_element(row, row + n) - row);
 }
 
-// Greedy decoding of every job, `batch` sequences per forward step; a job ends at a stop token
-// (kept in out) or after max_new tokens.
+// Greedy decoding (or teacher forcing) of every job, `batch` sequences per forward step; a
+// generating job ends at a stop token (kept in out) or after max_new tokens, a forced one after its
+// last forced token. MTP jobs draft one token before each token fed after the prompt, and score it
+// against the argmax of the logits row that feeding the token gives.
 void greedy(const Model& model, std::vector<Job>& jobs, const std::vector<int32_t>& stops,
             int batch, ThreadPool* pool) {
   const int64_t V = model.config().vocab_size;
@@ -66,24 +81,47 @@ void greedy(const Model& model, std::vector<Job>& jobs, const std::vector<int32_
     std::vector<StepInput> in;
     std::vector<size_t> active;
     for (size_t i = s; i < e; ++i) {
-      states.push_back(model.new_state());
+      states.push_back(model.new_state(nullptr, jobs[i].mtp && model.has_mtp()));
       in.push_back({&states.back(), jobs[i].prompt, false});
       active.push_back(i);
     }
+    std::vector<int32_t> fed(e - s, -1), drafted(e - s, -1);  // per job of the batch
+    std::vector<size_t> n_forced(e - s, 0);
     std::vector<float> logits;
     model.forward(in, &logits, pool);
     while (!active.empty()) {
       std::vector<size_t> next;
       for (size_t k = 0; k < active.size(); ++k) {
+        const size_t b = active[k] - s;
         Job& j = jobs[active[k]];
-        const int32_t tok = argmax(logits.data() + static_cast<int64_t>(k) * V, V);
-        j.out.push_back(tok);
-        if (!is_stop(tok) && static_cast<int>(j.out.size()) < j.max_new) next.push_back(active[k]);
+        const int32_t top = argmax(logits.data() + static_cast<int64_t>(k) * V, V);
+        if (drafted[b] >= 0) {
+          j.mtp_n += 1;
+          j.mtp_agree += drafted[b] == top;
+        }
+        if (!j.forced.empty()) {
+          if (n_forced[b] == j.forced.size()) continue;
+          fed[b] = j.forced[n_forced[b]++];
+        } else {
+          j.out.push_back(top);
+          if (is_stop(top) || static_cast<int>(j.out.size()) >= j.max_new) continue;
+          fed[b] = top;
+        }
+        next.push_back(active[k]);
       }
       if (next.empty()) break;
+      std::vector<DraftInput> din;
+      for (size_t idx : next)
+        if (states[idx - s].has_mtp) din.push_back({&states[idx - s], fed[idx - s], 1});
+      std::vector<Draft> dout(din.size());
+      if (!din.empty()) model.draft(din, dout, pool);
+      for (size_t d = 0, k = 0; k < next.size(); ++k) {
+        const size_t b = next[k] - s;
+        drafted[b] = states[b].has_mtp ? dout[d++].tokens.at(0) : -1;
+      }
       in.clear();
       for (size_t idx : next)
-        in.push_back({&states[idx - s], std::span<const int32_t>(&jobs[idx].out.back(), 1), false});
+        in.push_back({&states[idx - s], std::span<const int32_t>(&fed[idx - s], 1), false});
       logits.clear();
       model.forward(in, &logits, pool);
       active = std::move(next);
@@ -132,6 +170,16 @@ struct Tally {
   double rate() const { return n ? static_cast<double>(ok) / n : 0.0; }
   double same_rate() const { return n ? static_cast<double>(same) / n : 0.0; }
 };
+
+// MTP agreement over a range of jobs: positions and agreeing drafts.
+Tally mtp_tally(std::span<const Job> jobs) {
+  Tally t;
+  for (const Job& j : jobs) {
+    t.ok += j.mtp_agree;
+    t.n += j.mtp_n;
+  }
+  return t;
+}
 
 int run_eval(const EvalOptions& o) {
   auto fail = [](const Status& st) {
@@ -191,7 +239,7 @@ int run_eval(const EvalOptions& o) {
     if (!p) return fail(p.status());
     auto t = tk.encode(text);
     if (!t) return fail(t.status());
-    jobs.push_back({std::move(*p), static_cast<int>(t->size()) + 8, {}});
+    jobs.push_back({std::move(*p), static_cast<int>(t->size()) + 8, {}, {}, true});
   }
   // arithmetic, thinking off then on
   const auto& ac = cases.at("arith");
@@ -206,8 +254,38 @@ int run_eval(const EvalOptions& o) {
       q = replace_all(q, "{b}", std::to_string(c.at("b").get<long long>()));
       auto p = render(q, think == 1);
       if (!p) return fail(p.status());
-      jobs.push_back({std::move(*p), think ? 200 : 24, {}});
+      jobs.push_back({std::move(*p), think ? 200 : 24, {}, {}, false});
     }
+  }
+  // held-out prose for MTP agreement: teacher-forced, then the model's own continuations
+  const size_t prose_at = jobs.size();
+  const nlohmann::json no_prose = nlohmann::json::array();
+  const auto& pc = model.has_mtp() && cases.contains("prose") ? cases.at("prose") : no_prose;
+  const size_t n_prose =
+      o.prose < 0 ? pc.size() : std::min(pc.size(), static_cast<size_t>(o.prose));
+  for (size_t i = 0; i < n_prose; ++i) {
+    auto ids = tk.encode(pc[i].at("text").get<std::string>());
+    if (!ids) return fail(ids.status());
+    if (ids->size() > 256) ids->resize(256);
+    if (ids->size() < 8) continue;
+    Job j{{ids->front()}, 0, {}, {}, true};
+    j.forced.assign(ids->begin() + 1, ids->end() - 1);  // x[1 .. T-2]: positions 0 .. T-3
+    jobs.push_back(std::move(j));
+  }
+  const size_t continue_at = jobs.size();
+  const std::string continue_prompt =
+      cases.value("continue_prompt", "Continue this text:\n\n{text}");
+  for (size_t i = 0; i < n_prose; ++i) {
+    std::istringstream ws(pc[i].at("text").get<std::string>());
+    std::vector<std::string> words;
+    for (std::string w; ws >> w;) words.push_back(w);
+    if (words.size() < 20) continue;
+    std::string head;
+    for (size_t w = 0; w < std::min<size_t>(40, words.size()); ++w)
+      head += (w ? " " : "") + words[w];
+    auto p = render(replace_all(continue_prompt, "{text}", head), false);
+    if (!p) return fail(p.status());
+    jobs.push_back({std::move(*p), 64, {}, {}, true});
   }
   const auto t1 = std::chrono::steady_clock::now();
   ThreadPool pool(o.threads);
@@ -280,9 +358,27 @@ int run_eval(const EvalOptions& o) {
                 pct(arith_add[think].rate()).c_str(), pct(arith_sub[think].rate()).c_str(),
                 arith[think].n, pct(arith[think].same_rate()).c_str());
   }
-  std::printf(
-      "| MTP top-1 agreement (copy, prose) | not measured here: needs the engine's MTP forward "
-      "(TODO); see models/tiny-next/README.md for transformers' | | |\n\n");
+  const std::span<const Job> all(jobs);
+  const Tally mtp_copy = mtp_tally(all.subspan(0, n_copy));
+  const Tally mtp_forced = mtp_tally(all.subspan(prose_at, continue_at - prose_at));
+  const Tally mtp_own = mtp_tally(all.subspan(continue_at));
+  if (model.has_mtp()) {
+    std::printf("| MTP top-1 agreement, copy answers (positions) | %s | %d | |\n",
+                pct(mtp_copy.rate()).c_str(), mtp_copy.n);
+    if (mtp_forced.n)
+      std::printf(
+          "| MTP top-1 agreement, held-out prose teacher-forced (positions) | %s | %d | |\n",
+          pct(mtp_forced.rate()).c_str(), mtp_forced.n);
+    if (mtp_own.n)
+      std::printf(
+          "| MTP top-1 agreement, the model's own continuation of held-out prose (positions) | %s "
+          "| "
+          "%d | |\n",
+          pct(mtp_own.rate()).c_str(), mtp_own.n);
+  } else {
+    std::printf("| MTP top-1 agreement | the model has no MTP head | | |\n");
+  }
+  std::printf("\n");
   std::printf("%zu sequences, %zu prompt + %zu generated tokens; load %.1f s, run %.1f s\n",
               jobs.size(), prompt_tokens, gen_tokens, load_s, run_s);
   for (const auto& s : failures) std::printf("  failure: %s\n", s.c_str());
@@ -303,6 +399,8 @@ int run_eval(const EvalOptions& o) {
   floor("arithmetic thinking off", arith[0], o.min_arith_off, arith[0].rate());
   floor("arithmetic thinking on", arith[1], o.min_arith_on, arith[1].rate());
   floor("same tokens as transformers", total_same, o.min_same, total_same.same_rate());
+  floor("MTP agreement on copy", mtp_copy, o.min_mtp_copy, mtp_copy.rate());
+  floor("MTP agreement on the model's own prose", mtp_own, o.min_mtp_prose, mtp_own.rate());
   if (o.json) {
     nlohmann::json j = {{"copy_exact", copy_all.rate()},
                         {"copy_n", copy_all.n},
@@ -312,6 +410,12 @@ int run_eval(const EvalOptions& o) {
                         {"arith_thinking_on", arith[1].rate()},
                         {"arith_n", arith[0].n},
                         {"same_tokens_as_transformers", total_same.same_rate()},
+                        {"mtp_copy_agreement", mtp_copy.rate()},
+                        {"mtp_copy_positions", mtp_copy.n},
+                        {"mtp_prose_teacher_forced_agreement", mtp_forced.rate()},
+                        {"mtp_prose_teacher_forced_positions", mtp_forced.n},
+                        {"mtp_prose_generated_agreement", mtp_own.rate()},
+                        {"mtp_prose_generated_positions", mtp_own.n},
                         {"generated_tokens", gen_tokens},
                         {"seconds", run_s},
                         {"below_floor", below}};
@@ -325,14 +429,17 @@ int run_eval(const EvalOptions& o) {
 
 void add_eval(CLI::App& app) {
   auto o = std::make_shared<EvalOptions>();
-  CLI::App* cmd =
-      app.add_subcommand("eval", "Held-out copy and arithmetic evaluation (greedy) of the model");
+  CLI::App* cmd = app.add_subcommand(
+      "eval", "Held-out copy, arithmetic and MTP evaluation (greedy) of the model");
   cmd->add_option("--model", o->model, "Checkpoint directory")->capture_default_str();
   cmd->add_option("--cases", o->cases, "Cases file (tools/tiny_next/make_eval_cases.py)")
       ->capture_default_str();
   cmd->add_option("--copy", o->copy, "Run the first N copy cases (-1: all)")->capture_default_str();
   cmd->add_option("--arith", o->arith,
                   "Run the first N arithmetic cases, thinking off and on (-1: all)")
+      ->capture_default_str();
+  cmd->add_option("--prose", o->prose,
+                  "Run the first N held-out prose documents for MTP agreement (-1: all)")
       ->capture_default_str();
   cmd->add_option("--batch", o->batch, "Sequences decoded together")
       ->capture_default_str()
@@ -350,6 +457,12 @@ void add_eval(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--min-same", o->min_same,
                   "Exit 1 if fewer cases than this match transformers' tokens")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--min-mtp-copy", o->min_mtp_copy,
+                  "Exit 1 if MTP agreement on the copy answers is below this")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--min-mtp-prose", o->min_mtp_prose,
+                  "Exit 1 if MTP agreement on the model's own prose continuations is below this")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_flag("--json", o->json, "Also print one JSON line with the numbers");
   cmd->callback([o] { exit_code() = run_eval(*o); });

@@ -10,57 +10,32 @@
 //     argmax; compared while the reference's previous draft had a top-2 margin above --min-margin.
 // Passes when every compared row's relative L2 error is <= --max-rel-l2 (1e-4) and every chained
 // draft equals the reference's. Exits 1 on any failure, 2 on bad input.
-#include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "model/model.h"
+#include "golden_util.h"
 
 namespace {
 
-using nlohmann::json;
-
-double rel_l2(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using tf::golden::rel_l2;
 
 // Returns the number of failures for one case directory, or -1 on bad input.
 int check_case(const std::string& dir, double max_rel_l2, double min_margin, tf::ThreadPool* pool) {
-  std::ifstream in(dir + "/mtp_reference.json");
-  json ref;
-  try {
-    ref = json::parse(in);
-  } catch (const json::exception& e) {
-    std::fprintf(stderr, "%s/mtp_reference.json: %s\n", dir.c_str(), e.what());
-    return -1;
-  }
-  const std::string model_dir =
-      ref.contains("checkpoint") ? dir + "/" + ref["checkpoint"].get<std::string>() : dir;
-  auto model_or = tf::Model::load(model_dir);
-  if (!model_or) {
-    std::fprintf(stderr, "%s: %s\n", dir.c_str(), model_or.status().to_string().c_str());
-    return -1;
-  }
-  const tf::Model& model = **model_or;
+  const tf::golden::Case c = tf::golden::load_case(dir, "mtp_reference.json");
+  if (!c.model) return -1;
+  const nlohmann::json& ref = c.ref;
+  const tf::Model& model = *c.model;
   if (!model.has_mtp()) {
     std::fprintf(stderr, "%s: the checkpoint has no MTP head\n", dir.c_str());
     return -1;
   }
   const int64_t V = model.config().vocab_size;
   const int64_t rows = ref.at("rows").get<int64_t>();
-  std::vector<float> want(rows * V);
-  std::ifstream lf(dir + "/" + ref.at("logits_file").get<std::string>(), std::ios::binary);
-  lf.read(reinterpret_cast<char*>(want.data()), static_cast<std::streamsize>(want.size() * 4));
-  if (!lf || ref.at("vocab_size").get<int64_t>() != V) {
+  std::vector<float> want;
+  if (ref.at("vocab_size").get<int64_t>() != V ||
+      !tf::golden::read_logits(dir, ref.at("logits_file").get<std::string>(), rows * V, &want)) {
     std::fprintf(stderr, "%s: short logits file or other vocab\n", dir.c_str());
     return -1;
   }
@@ -113,28 +88,5 @@ int check_case(const std::string& dir, double max_rel_l2, double min_margin, tf:
 }  // namespace
 
 int main(int argc, char** argv) {
-  double max_rel_l2 = 1e-4, min_margin = 1e-3;
-  std::vector<std::string> dirs;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--max-rel-l2" && i + 1 < argc) {
-      max_rel_l2 = std::stod(argv[++i]);
-    } else if (a == "--min-margin" && i + 1 < argc) {
-      min_margin = std::stod(argv[++i]);
-    } else {
-      dirs.push_back(a);
-    }
-  }
-  if (dirs.empty()) {
-    std::fprintf(stderr, "usage: mtp_check [--max-rel-l2 X] [--min-margin X] DIR...\n");
-    return 2;
-  }
-  tf::ThreadPool pool(0);
-  int failures = 0;
-  for (const auto& d : dirs) {
-    const int f = check_case(d, max_rel_l2, min_margin, &pool);
-    if (f < 0) return 2;
-    failures += f;
-  }
-  return failures == 0 ? 0 : 1;
+  return tf::golden::main(argc, argv, "mtp_check", check_case);
 }

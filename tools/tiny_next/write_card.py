@@ -167,8 +167,8 @@ held-out passage occurs in the fresh chats (they are built from the training pro
 | a + b / a - b (a, b < 1000, a >= b for -), thinking off (n={e['arith_n']}) | {pct(e['arith_thinking_off'])} (add {pct(e['arith_thinking_off_add'])}, sub {pct(e['arith_thinking_off_sub'])}) | >= 90% |
 | same, thinking on | {pct(e['arith_thinking_on'])} (add {pct(e['arith_thinking_on_add'])}, sub {pct(e['arith_thinking_on_sub'])}) | >= 90% |
 | MTP top-1 = the model's own greedy token two steps ahead, copy answers ({e['mtp_copy_positions']} positions) | {pct(e['mtp_copy_agreement'])} | >= 80% |
-| same, held-out prose, teacher-forced ({e['mtp_prose_teacher_forced_positions']} positions) | {pct(e['mtp_prose_teacher_forced_agreement'])} | >= 50% |
-| same, the model's own continuation of held-out prose ({e['mtp_prose_generated_positions']} positions) | {pct(e['mtp_prose_generated_agreement'])} | |
+| same, the model's own continuation of held-out prose ({e['mtp_prose_generated_positions']} positions) | {pct(e['mtp_prose_generated_agreement'])} | >= 50% |
+| same, held-out prose, teacher-forced ({e['mtp_prose_teacher_forced_positions']} positions) | {pct(e['mtp_prose_teacher_forced_agreement'])} | |
 
 MTP agreement: at position t the head gets the final normed hidden state h[t] and the token x[t+1] and its top-1
 is compared with the main model's argmax at t+1 (what the target would emit after x[t+1]), i.e. the acceptance
@@ -183,9 +183,8 @@ TensorFold (release build, fp32, CPU, batched greedy decoding) with
 
 {engine_rows}
 
-**TODO (MTP on our engine):** `tensorfold eval` does not measure MTP agreement yet; it needs the engine's MTP
-forward (being written in `src/model`). Until then the MTP numbers above are transformers-side (train.py's
-`mtp_agreement`, the head in `train.py`'s `MTP` class loaded from `mtp.*`).
+MTP agreement on our engine: the same command measures it (`Model::draft` with k = 1 before every token fed
+after the prompt, scored against the model's argmax after that token); see the table above.
 
 Greedy tokens: {a.engine_check or 'see tools/tiny_next/check_engine.py'}
 The golden test `golden_tiny_next` (`tests/golden/tiny_next`, transformers' CPU fp32 logits for these weights)
