@@ -1,6 +1,5 @@
 // tensorfold serve: the OpenAI-compatible HTTP server (see src/server/server.h and the README).
 #include <cstdlib>
-#include <memory>
 
 #include <string>
 
@@ -44,6 +43,9 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "Model worker threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
+  // --tp N (apps/tp_run.cpp). Static: CLI11 writes it after add_serve returns, like o.
+  static int tp = 1;
+  add_tp_option(cmd, &tp);
   cmd->add_option("--http-threads", o->http_threads, "Connections served at once")
       ->capture_default_str()
       ->check(CLI::Range(4, 4096));
@@ -113,9 +115,7 @@ void add_serve(CLI::App& app) {
         auto b = residency::parse_bytes(v);
         return b ? "" : b.status().message();
       });
-  auto tp = std::make_shared<int>(1);
-  add_tp_option(cmd, tp.get());
-  cmd->callback([o, tp] {
+  cmd->callback([o] {
     if (o->api_key.empty()) {
       if (const char* k = std::getenv("TENSORFOLD_API_KEY")) o->api_key = k;
     }
@@ -123,7 +123,7 @@ void add_serve(CLI::App& app) {
       o->residency = false;
     // Rank 0 serves; under --tp N the other ranks follow its engine (apps/tp_run.cpp).
     exit_code() =
-        run_with_tp(*tp, o->model_dir, &o->threads, [o] { return server::run_server(*o); });
+        run_with_tp(tp, o->model_dir, &o->threads, [o] { return server::run_server(*o); });
   });
 }
 
