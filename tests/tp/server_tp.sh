@@ -6,7 +6,8 @@
 #   kill      rank 1 killed (SIGKILL) while a long stream runs: rank 0 reports "rank 1 (pid P)
 #             died", every process is gone within 5 s, mpirun exits non-zero, the client's
 #             connection ends (no hang).
-# Usage: server_tp.sh path/to/tensorfold path/to/mpirun serve|kill  (from the repository root)
+# Usage: server_tp.sh path/to/tensorfold path/to/mpirun serve|kill  (from the repository root;
+# SERVE_EXTRA adds flags to both servers, e.g. SERVE_EXTRA="--draft-max 2")
 set -u
 bin=$(realpath "$1")
 mpirun=$2
@@ -29,10 +30,10 @@ start() {
   for _ in 1 2 3 4 5; do
     local port=$((20000 + RANDOM % 30000))
     if [ "$np" = 1 ]; then
-      "$bin" serve --model "$model" --threads 1 --port "$port" "$@" >"$log" 2>&1 &
+      "$bin" serve --model "$model" --threads 1 --port "$port" ${SERVE_EXTRA:-} "$@" >"$log" 2>&1 &
     else
       "$mpirun" --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
-        "$bin" serve --tp "$np" --model "$model" --threads 1 --port "$port" "$@" >"$log" 2>&1 &
+        "$bin" serve --tp "$np" --model "$model" --threads 1 --port "$port" ${SERVE_EXTRA:-} "$@" >"$log" 2>&1 &
     fi
     pid=$!
     url="http://127.0.0.1:$port"
