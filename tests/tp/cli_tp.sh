@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `tensorfold generate --tp N` under mpirun (label tp): the same greedy tokens as one process at
 # N = 2 and 4, with and without MTP drafts; and the two ways to get --tp wrong, each refused with
-# a message that says what to run.
+# a message that says what to run; bad input ends every rank at once.
 # Usage: cli_tp.sh path/to/tensorfold path/to/mpirun   (from the repository root)
 set -u
 bin=$1
@@ -39,6 +39,17 @@ out=$("${mpirun[@]}" -np 2 "$bin" generate --prompt-ids 1 2>&1)
 [ $? != 0 ] || bad "mpirun -np 2 without --tp exited 0"
 echo "$out" | grep -q "one of 2 processes started by mpirun, but --tp is 1: pass --tp 2" ||
   bad "message: $out"
+
+# Failures on the way in end the job at once, with the reason: a model no rank can load, and a
+# bad argument that rank 0 finds after loading (the followers are told to stop).
+out=$(timeout 30 "${mpirun[@]}" -np 2 "$bin" generate --tp 2 --model /nonexistent --prompt-ids 1 2>&1)
+code=$?
+[ $code != 0 ] && [ $code != 124 ] || bad "a missing model under --tp 2 exited $code"
+echo "$out" | grep -q "rank 1: not found: /nonexistent" || bad "message: $out"
+out=$(timeout 30 "${mpirun[@]}" -np 2 "$bin" generate --tp 2 --prompt-ids 999999 2>&1)
+code=$?
+[ $code = 2 ] || bad "a bad --prompt-ids under --tp 2 exited $code"
+echo "$out" | grep -q "is not a token id" || bad "message: $out"
 
 [ $fail = 0 ] && echo PASS
 exit $fail
