@@ -82,7 +82,7 @@ struct CudaModel::DevFfn {
 struct CudaModel::DevLayer {
   bool full_attention = false, moe = false;
   DeviceArray<float> input_norm, post_norm;
-  DevMat q_proj, k_proj, v_proj, o_proj;
+  DevMat qkv, o_proj;  // qkv: q_proj, k_proj and v_proj stacked, one product
   DeviceArray<float> q_norm, k_norm;
   DevMat in_proj, out_proj;  // in_proj: in_qkvz and in_ba stacked, one product for both
   DeviceArray<float> conv, dt_bias, neg_exp_a, gnorm;
@@ -170,10 +170,10 @@ void CudaModel::finish_init() {
   auto f = [](const DeviceArray<float>& a) { return static_cast<int64_t>(a.size() * 4); };
   auto ffn = [](const DevFfn& x) { return x.gate.size() + x.up.size() + x.down.size(); };
   for (const DevLayer& L : layers_) {
-    b.dense += f(L.input_norm) + f(L.post_norm) + L.q_proj.size() + L.k_proj.size() +
-               L.v_proj.size() + L.o_proj.size() + f(L.q_norm) + f(L.k_norm) + L.in_proj.size() +
-               L.out_proj.size() + f(L.conv) + f(L.dt_bias) + f(L.neg_exp_a) + f(L.gnorm) +
-               L.router.size() + ffn(L.shared) + ffn(L.mlp) + L.shared_gate.size();
+    b.dense += f(L.input_norm) + f(L.post_norm) + L.qkv.size() + L.o_proj.size() + f(L.q_norm) +
+               f(L.k_norm) + L.in_proj.size() + L.out_proj.size() + f(L.conv) + f(L.dt_bias) +
+               f(L.neg_exp_a) + f(L.gnorm) + L.router.size() + ffn(L.shared) + ffn(L.mlp) +
+               L.shared_gate.size();
     if (L.moe) {
       ++b.moe_layers;
       b.expert = ffn(L.experts) / config_.num_experts;
@@ -209,7 +209,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int devi
     d.input_norm = upload(L.input_norm);
     d.post_norm = upload(L.post_norm);
     if (L.full_attention) {
-      d.q_proj = mat(L.q_proj), d.k_proj = mat(L.k_proj), d.v_proj = mat(L.v_proj);
+      upload_stacked({&L.q_proj, &L.k_proj, &L.v_proj}, &d.qkv.dtype, &d.qkv.bytes, &d.qkv.rows,
+                     &d.qkv.cols);
       d.o_proj = mat(L.o_proj);
       d.q_norm = upload(L.q_norm), d.k_norm = upload(L.k_norm);
     } else {
@@ -298,7 +299,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create_dummy(const ModelConfig& c,
     d.post_norm = vec(H, 0.1f, 0.0f);
     if (d.full_attention) {
       const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, D = c.head_dim;
-      d.q_proj = mat(nh * 2 * D, H), d.k_proj = mat(nkv * D, H), d.v_proj = mat(nkv * D, H);
+      d.qkv = mat(nh * 2 * D + 2 * nkv * D, H);
       d.o_proj = mat(H, nh * D);
       d.q_norm = vec(D, 0.1f, 0.0f), d.k_norm = vec(D, 0.1f, 0.0f);
     } else {
@@ -399,19 +400,14 @@ enum Slot : int {
   kXn,
   kY,
   kProj,
-  kProj2,
-  kProj3,
   kQ,
   kGate,
   kO,
   kXc,
   kZ,
-  kB,
-  kA,
   kBeta,
   kG,
   kQq,
-  kKk,
   kVv,
   kRouter,
   kRouteW,
@@ -609,33 +605,19 @@ void CudaModel::attention_layer(const DevLayer& L, const Table& tb, int64_t N, c
   const cudaStream_t s = as_stream(stream_);
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, D = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  float* qg = scratch(kProj, N * nh * 2 * D);
-  float* k = scratch(kProj2, N * nkv * D);
-  float* v = scratch(kProj3, N * nkv * D);
-  matmul(L.q_proj, xn, N, qg, s);
-  matmul(L.k_proj, xn, N, k, s);
-  matmul(L.v_proj, xn, N, v, s);
-  // Each head's [query D | gate D] -> q, gate.
+  float* qkv = scratch(kProj, N * L.qkv.rows);
+  matmul(L.qkv, xn, N, qkv, s);
   float* q = scratch(kQ, N * nh * D);
   float* gate = scratch(kGate, N * nh * D);
-  const size_t rowb = D * sizeof(float);
-  TF_CUDA_CHECK(
-      cudaMemcpy2DAsync(q, rowb, qg, 2 * rowb, rowb, N * nh, cudaMemcpyDeviceToDevice, s));
-  TF_CUDA_CHECK(
-      cudaMemcpy2DAsync(gate, rowb, qg + D, 2 * rowb, rowb, N * nh, cudaMemcpyDeviceToDevice, s));
   const int64_t* pos = tb.at<int64_t>(tb.pos);
-  cuda::rmsnorm_zc(q, L.q_norm.data(), N * nh, D, eps, q, s);
-  cuda::rmsnorm_zc(k, L.k_norm.data(), N * nkv, D, eps, k, s);
-  cuda::rope_neox(q, N, nh, D, c.rotary_dim(), inv_freq_.data(), pos, s);
-  cuda::rope_neox(k, N, nkv, D, c.rotary_dim(), inv_freq_.data(), pos, s);
   const int64_t la = ordinal_[&L - layers_.data()];
   float* const* kc = tb.at<float* const>(tb.kc + la * N);
   float* const* vc = tb.at<float* const>(tb.vc + la * N);
-  cuda::kv_append(k, v, N, nkv * D, pos, kc, vc, s);
+  cuda::attn_prep(qkv, N, nh, nkv, D, c.rotary_dim(), L.q_norm.data(), L.k_norm.data(), eps,
+                  inv_freq_.data(), pos, q, gate, kc, vc, s);
   float* o = scratch(kO, N * nh * D);
-  cuda::attention_table(q, N, pos, kc, vc, nh, nkv, D, 1.0f / std::sqrt(static_cast<float>(D)), o,
-                        s);
-  cuda::mul_sigmoid(o, gate, N * nh * D, s);
+  cuda::attention_table(q, N, pos, kc, vc, nh, nkv, D, 1.0f / std::sqrt(static_cast<float>(D)),
+                        gate, o, s);
   matmul(L.o_proj, o, N, y, s);
 }
 
@@ -655,15 +637,14 @@ void CudaModel::deltanet_layer(const DevLayer& L, const Table& tb, int64_t N, in
   float* g = scratch(kG, N * Hv);
   cuda::split_qkvz_gates(PB, N, Hk, Dk, r, Dv, L.dt_bias.data(), L.neg_exp_a.data(), xc, z, beta, g,
                          s);
-  float* qq = scratch(kQq, N * kd);
-  float* kk = scratch(kKk, N * kd);
+  float* qq = scratch(kQq, 2 * N * kd);  // q rows, then k rows (one l2norm launch)
+  float* kk = qq + N * kd;
   float* vv = scratch(kVv, N * Hv * Dv);
   const int64_t lg = ordinal_[&L - layers_.data()];
   const int32_t* starts = tb.at<int32_t>(tb.starts);
   cuda::conv_silu_seqs(xc, starts, tb.at<float* const>(tb.conv + lg * nseq), L.conv.data(), nseq, C,
                        K, kd, qq, kk, vv, s);
-  cuda::l2norm_scale(qq, N * Hk, Dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(Dk)), s);
-  cuda::l2norm_scale(kk, N * Hk, Dk, 1e-6f, 1.0f, s);
+  cuda::l2norm_scale_qk(qq, N * Hk, N * Hk, Dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(Dk)), s);
   float* o = scratch(kO, N * Hv * Dv);
   cuda::delta_rule_seqs(qq, kk, vv, g, beta, starts, tb.at<float* const>(tb.S + lg * nseq), nseq,
                         Hk, Hv, Dk, Dv, o, s);
@@ -688,9 +669,7 @@ void CudaModel::moe(const DevLayer& L, const float* xn, int64_t N, float* y) {
   const cudaStream_t s = as_stream(stream_);
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
   const DevFfn& X = L.experts;
-  // Shared expert and its gate over all rows first (their buffers are not reused below).
-  float* sh = scratch(kShared, N * H);
-  ffn(L.shared, xn, N, sh);
+  const DevFfn& S = L.shared;
   float* gl = scratch(kSharedGate, N);
   matmul(L.shared_gate, xn, N, gl, s);
   float* logits = scratch(kRouter, N * E);
@@ -698,13 +677,27 @@ void CudaModel::moe(const DevLayer& L, const float* xn, int64_t N, float* y) {
   int32_t* ex = grow_tracked(route_ex_, N * k);
   float* w = scratch(kRouteW, N * k);
   cuda::route_topk(logits, N, E, k, c.norm_topk_prob, ex, w, s);
-  // Routed experts, in chunks of tokens within the kernels' grid limit (slots = tokens * k).
+  if (N == 1 && S.I == X.I && S.gate.dtype == X.gate.dtype) {
+    // One token (decode): its k experts are distinct, and the shared expert rides along as slot
+    // k of the same two launches.
+    float* h = scratch(kFfnH, (k + 1) * X.I);
+    float* o = scratch(kExpertOut, (k + 1) * H);
+    cuda::expert_gate_up(X.gate.dtype, X.gate.bytes.data(), X.up.bytes.data(), X.I, H, ex, k, xn, 1,
+                         h, s, S.gate.bytes.data(), S.up.bytes.data());
+    cuda::expert_down(X.down.dtype, X.down.bytes.data(), H, X.I, ex, k, h, 1, o, s,
+                      S.down.bytes.data());
+    cuda::moe_combine(o, ex, w, 1, k, H, nullptr, gl, y, s, /*shared_in_o=*/true);
+    return;
+  }
+  float* sh = scratch(kShared, N * H);
+  ffn(S, xn, N, sh);
+  // Routed experts, in chunks of tokens within the kernels' grid limits (slots = tokens * k).
   const int64_t chunk = std::max<int64_t>(1, 65535 / k);
   for (int64_t t0 = 0; t0 < N; t0 += chunk) {
     const int64_t n = std::min(N - t0, chunk);
     float* h = scratch(kFfnH, n * k * X.I);
     float* o = scratch(kExpertOut, n * k * H);
-    if (n == 1) {  // one token: its k experts are distinct, nothing to group
+    if (n == 1) {
       cuda::expert_gate_up(X.gate.dtype, X.gate.bytes.data(), X.up.bytes.data(), X.I, H,
                            ex + t0 * k, k, xn + t0 * H, n, h, s);
       cuda::expert_down(X.down.dtype, X.down.bytes.data(), H, X.I, ex + t0 * k, k, h, n, o, s);

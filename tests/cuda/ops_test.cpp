@@ -449,8 +449,8 @@ TEST_F(CudaOps, SequenceTablesMatchPerSequenceOps) {
   cuda::kv_append(dkn.p, dvn.p, 3, row, dpos.p, reinterpret_cast<float* const*>(kt.p),
                   reinterpret_cast<float* const*>(vt.p), nullptr);
   cuda::attention_table(dqa.p, 3, dpos.p, reinterpret_cast<const float* const*>(kt.p),
-                        reinterpret_cast<const float* const*>(vt.p), nh, nkv, D, 0.125f, dao.p,
-                        nullptr);
+                        reinterpret_cast<const float* const*>(vt.p), nh, nkv, D, 0.125f, nullptr,
+                        dao.p, nullptr);
   std::vector<float> rcA(cA), rvA(vA), rcB(cB), rvB(vB);
   for (int i = 0; i < 2; ++i)
     for (int64_t j = 0; j < row; ++j)
@@ -491,6 +491,97 @@ TEST_F(CudaOps, ArgmaxAndFill) {
     mean += x / 100000.0;
   }
   EXPECT_NEAR(mean, 2.0, 0.01);
+}
+
+// The fused kernels against the ops they replace, bit for bit: attn_prep (split, q/k norms, rope,
+// cache append), attention_table with the output gate (attention + mul_sigmoid), l2norm_scale_qk
+// (two l2norm_scale), and the shared expert as slot k of the expert kernels (ffn + moe_combine).
+TEST_F(CudaOps, FusedKernelsMatchSeparateOps) {
+  const int64_t n = 3, nh = 4, nkv = 2, D = 64, rd = 16, W = nh * 2 * D + 2 * nkv * D, cap = 8;
+  const auto qkv = randn(n * W, 90), qn = randn(D, 91), kn = randn(D, 92);
+  std::vector<float> inv(rd / 2);
+  for (int64_t i = 0; i < rd / 2; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / rd);
+  const std::vector<int64_t> pos = {0, 5, 7};
+  Dev<float> dqkv(qkv), dqn(qn), dkn(kn), dinv(inv), q(n * nh * D), gate(n * nh * D);
+  Dev<float> kc(cap * nkv * D), vc(cap * nkv * D), kc2(cap * nkv * D), vc2(cap * nkv * D);
+  TF_CUDA_CHECK(cudaMemset(kc.p, 0, kc.n * 4));
+  TF_CUDA_CHECK(cudaMemset(vc.p, 0, vc.n * 4));
+  TF_CUDA_CHECK(cudaMemset(kc2.p, 0, kc.n * 4));
+  TF_CUDA_CHECK(cudaMemset(vc2.p, 0, vc.n * 4));
+  Dev<int64_t> dpos(pos);
+  auto u = [](const float* p) { return reinterpret_cast<uint64_t>(p); };
+  Dev<uint64_t> kt(std::vector<uint64_t>(n, u(kc.p))), vt(std::vector<uint64_t>(n, u(vc.p)));
+  Dev<uint64_t> kt2(std::vector<uint64_t>(n, u(kc2.p))), vt2(std::vector<uint64_t>(n, u(vc2.p)));
+  cuda::attn_prep(dqkv.p, n, nh, nkv, D, rd, dqn.p, dkn.p, 1e-6f, dinv.p, dpos.p, q.p, gate.p,
+                  reinterpret_cast<float* const*>(kt.p), reinterpret_cast<float* const*>(vt.p),
+                  nullptr);
+  // The separate ops: split by copies, norms, ropes, kv_append.
+  Dev<float> q2(n * nh * D), g2(n * nh * D), k2(n * nkv * D), v2(n * nkv * D);
+  const size_t rb = D * 4;
+  for (int64_t t = 0; t < n; ++t) {
+    TF_CUDA_CHECK(cudaMemcpy2D(q2.p + t * nh * D, rb, dqkv.p + t * W, 2 * rb, rb, nh,
+                               cudaMemcpyDeviceToDevice));
+    TF_CUDA_CHECK(cudaMemcpy2D(g2.p + t * nh * D, rb, dqkv.p + t * W + D, 2 * rb, rb, nh,
+                               cudaMemcpyDeviceToDevice));
+    TF_CUDA_CHECK(cudaMemcpy(k2.p + t * nkv * D, dqkv.p + t * W + nh * 2 * D, nkv * rb,
+                             cudaMemcpyDeviceToDevice));
+    TF_CUDA_CHECK(cudaMemcpy(v2.p + t * nkv * D, dqkv.p + t * W + nh * 2 * D + nkv * D, nkv * rb,
+                             cudaMemcpyDeviceToDevice));
+  }
+  cuda::rmsnorm_zc(q2.p, dqn.p, n * nh, D, 1e-6f, q2.p, nullptr);
+  cuda::rmsnorm_zc(k2.p, dkn.p, n * nkv, D, 1e-6f, k2.p, nullptr);
+  cuda::rope_neox(q2.p, n, nh, D, rd, dinv.p, dpos.p, nullptr);
+  cuda::rope_neox(k2.p, n, nkv, D, rd, dinv.p, dpos.p, nullptr);
+  cuda::kv_append(k2.p, v2.p, n, nkv * D, dpos.p, reinterpret_cast<float* const*>(kt2.p),
+                  reinterpret_cast<float* const*>(vt2.p), nullptr);
+  EXPECT_EQ(q.host(), q2.host());
+  EXPECT_EQ(gate.host(), g2.host());
+  EXPECT_EQ(kc.host(), kc2.host());
+  EXPECT_EQ(vc.host(), vc2.host());
+
+  Dev<float> o1(n * nh * D), o2(n * nh * D);
+  cuda::attention_table(q.p, n, dpos.p, reinterpret_cast<const float* const*>(kt.p),
+                        reinterpret_cast<const float* const*>(vt.p), nh, nkv, D, 0.125f, gate.p,
+                        o1.p, nullptr);
+  cuda::attention_table(q.p, n, dpos.p, reinterpret_cast<const float* const*>(kt.p),
+                        reinterpret_cast<const float* const*>(vt.p), nh, nkv, D, 0.125f, nullptr,
+                        o2.p, nullptr);
+  cuda::mul_sigmoid(o2.p, gate.p, n * nh * D, nullptr);
+  EXPECT_EQ(o1.host(), o2.host());
+
+  const auto x = randn(10 * 128, 93);
+  Dev<float> a(x), b1(std::vector<float>(x.begin(), x.begin() + 4 * 128)),
+      b2(std::vector<float>(x.begin() + 4 * 128, x.end()));
+  cuda::l2norm_scale_qk(a.p, 4, 6, 128, 1e-6f, 0.25f, nullptr);
+  cuda::l2norm_scale(b1.p, 4, 128, 1e-6f, 0.25f, nullptr);
+  cuda::l2norm_scale(b2.p, 6, 128, 1e-6f, 1.0f, nullptr);
+  auto ab = b1.host();
+  const auto bb = b2.host();
+  ab.insert(ab.end(), bb.begin(), bb.end());
+  EXPECT_EQ(a.host(), ab);
+
+  const int64_t E = 8, I = 64, H = 128, k = 2;
+  const auto wg = to_bf16(randn(E * I * H, 94)), wu = to_bf16(randn(E * I * H, 95));
+  const auto wd = to_bf16(randn(E * H * I, 96));
+  const auto sg = to_bf16(randn(I * H, 97)), su = to_bf16(randn(I * H, 98));
+  const auto sd = to_bf16(randn(H * I, 99));
+  const auto xe = randn(H, 100), gl = randn(1, 101);
+  const std::vector<int32_t> ex = {6, 1};
+  const std::vector<float> w = {0.7f, 0.3f};
+  Dev<uint16_t> dg(wg), du(wu), dd(wd), dsg(sg), dsu(su), dsd(sd);
+  Dev<float> dx(xe), dgl(gl), dw(w), h(3 * I), o(3 * H), y(H);
+  Dev<int32_t> dex(ex);
+  cuda::expert_gate_up(DType::kBF16, dg.p, du.p, I, H, dex.p, k, dx.p, 1, h.p, nullptr, dsg.p,
+                       dsu.p);
+  cuda::expert_down(DType::kBF16, dd.p, H, I, dex.p, k, h.p, 1, o.p, nullptr, dsd.p);
+  cuda::moe_combine(o.p, dex.p, dw.p, 1, k, H, nullptr, dgl.p, y.p, nullptr, true);
+  Dev<float> h2(2 * I), oo(2 * H), sh_h(I), sh(H), y2(H);
+  cuda::expert_gate_up(DType::kBF16, dg.p, du.p, I, H, dex.p, k, dx.p, 1, h2.p, nullptr);
+  cuda::expert_down(DType::kBF16, dd.p, H, I, dex.p, k, h2.p, 1, oo.p, nullptr);
+  cuda::expert_gate_up(DType::kBF16, dsg.p, dsu.p, I, H, nullptr, 1, dx.p, 1, sh_h.p, nullptr);
+  cuda::expert_down(DType::kBF16, dsd.p, H, I, nullptr, 1, sh_h.p, 1, sh.p, nullptr);
+  cuda::moe_combine(oo.p, dex.p, dw.p, 1, k, H, sh.p, dgl.p, y2.p, nullptr);
+  EXPECT_EQ(y.host(), y2.host());
 }
 
 }  // namespace

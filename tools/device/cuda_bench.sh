@@ -16,6 +16,6 @@ status=0
 "$dir/cuda_bench" --model models/tiny-next 2>&1 | tee "$out/bench_tiny.md" || status=1
 "$dir/cuda_bench" --model models/tiny-next --batches 1 --prefill 0 --no-graphs 2>&1 |
   tee "$out/bench_tiny_nographs.md" || status=1
-"$dir/cuda_bench" --config "$cfg/qwen3-next-80b-a3b-24l.json" --load-format dummy 2>&1 |
+"$dir/cuda_bench" --config "$cfg/qwen3-next-80b-a3b-24l.json" --load-format dummy --kernels 2>&1 |
   tee "$out/bench_80b.md" || status=1
 exit "$status"

@@ -128,32 +128,36 @@ __global__ void matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t col
   }
 }
 
-// Block (row group, slot): slot = t k + j (or token t when experts == nullptr); warp w computes
-// row i of the slot's expert for gate and up, then SiLU*mul.
+// Block (row group, slot): slot = t kk + j with kk = k (+ 1 when the shared expert's weights
+// sg, su, sd are given: slot j = k is the shared expert), or token t when experts == nullptr;
+// warp w computes row i of the slot's expert for gate and up, then SiLU*mul.
 template <class W>
-__global__ void expert_gate_up_kernel(const W* __restrict__ wg, const W* __restrict__ wu, int64_t I,
+__global__ void expert_gate_up_kernel(const W* __restrict__ wg, const W* __restrict__ wu,
+                                      const W* __restrict__ sg, const W* __restrict__ su, int64_t I,
                                       int64_t H, const int32_t* __restrict__ experts, int64_t k,
                                       const float* __restrict__ x, float* __restrict__ h) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (i >= I) return;
-  const int64_t slot = blockIdx.y, t = slot / k;
-  const int64_t e = experts ? experts[slot] : 0;
+  const int64_t kk = sg ? k + 1 : k, slot = blockIdx.y, t = slot / kk, j = slot % kk;
+  const bool sh = sg && j == k;
+  const int64_t e = experts && !sh ? experts[t * k + j] : 0;
   float g[1], u[1];
-  warp_dots<1>(wg + (e * I + i) * H, H, x + t * H, H, 1, g);
-  warp_dots<1>(wu + (e * I + i) * H, H, x + t * H, H, 1, u);
+  warp_dots<1>((sh ? sg : wg) + (e * I + i) * H, H, x + t * H, H, 1, g);
+  warp_dots<1>((sh ? su : wu) + (e * I + i) * H, H, x + t * H, H, 1, u);
   if (threadIdx.x % kWarp == 0) h[slot * I + i] = g[0] / (1.0f + expf(-g[0])) * u[0];
 }
 
 template <class W>
-__global__ void expert_down_kernel(const W* __restrict__ wd, int64_t H, int64_t I,
-                                   const int32_t* __restrict__ experts, const float* __restrict__ h,
-                                   float* __restrict__ o) {
+__global__ void expert_down_kernel(const W* __restrict__ wd, const W* __restrict__ sd, int64_t H,
+                                   int64_t I, const int32_t* __restrict__ experts, int64_t k,
+                                   const float* __restrict__ h, float* __restrict__ o) {
   const int64_t d = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (d >= H) return;
-  const int64_t slot = blockIdx.y;
-  const int64_t e = experts ? experts[slot] : 0;
+  const int64_t kk = sd ? k + 1 : k, slot = blockIdx.y, t = slot / kk, j = slot % kk;
+  const bool sh = sd && j == k;
+  const int64_t e = experts && !sh ? experts[t * k + j] : 0;
   float acc[1];
-  warp_dots<1>(wd + (e * H + d) * I, I, h + slot * I, I, 1, acc);
+  warp_dots<1>((sh ? sd : wd) + (e * H + d) * I, I, h + slot * I, I, 1, acc);
   if (threadIdx.x % kWarp == 0) o[slot * H + d] = acc[0];
 }
 
@@ -306,13 +310,14 @@ __global__ void grouped_down_kernel(const W* __restrict__ wd, int64_t H, int64_t
   }
 }
 
-// One block per token; thread 0 orders the k slots by expert index (k <= 64).
+// One block per token; thread 0 orders the k slots by expert index (k <= 64). Slot j of token t
+// is o[t kk + j] (kk = k, or k + 1 with the shared expert's output in slot k when shared_in_o).
 __global__ void moe_combine_kernel(const float* __restrict__ o, const int32_t* __restrict__ experts,
                                    const float* __restrict__ w, int64_t k, int64_t H,
-                                   const float* __restrict__ shared, const float* __restrict__ gate,
-                                   float* __restrict__ y) {
+                                   const float* __restrict__ shared, bool shared_in_o,
+                                   const float* __restrict__ gate, float* __restrict__ y) {
   __shared__ int order[64];
-  const int64_t t = blockIdx.x;
+  const int64_t t = blockIdx.x, kk = shared_in_o ? k + 1 : k;
   if (threadIdx.x == 0) {
     for (int j = 0; j < k; ++j) {
       int p = j;
@@ -324,15 +329,64 @@ __global__ void moe_combine_kernel(const float* __restrict__ o, const int32_t* _
     }
   }
   __syncthreads();
-  const float gs = shared ? 1.0f / (1.0f + expf(-gate[t])) : 0.0f;
+  const float* sh = shared_in_o ? o + (t * kk + k) * H : shared ? shared + t * H : nullptr;
+  const float gs = sh ? 1.0f / (1.0f + expf(-gate[t])) : 0.0f;
   for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
     float acc = 0;
     for (int jj = 0; jj < k; ++jj) {
       const int64_t j = order[jj];
-      acc = fmaf(o[(t * k + j) * H + d], w[t * k + j], acc);
+      acc = fmaf(o[(t * kk + j) * H + d], w[t * k + j], acc);
     }
-    if (shared) acc = fmaf(gs, shared[t * H + d], acc);
+    if (sh) acc = fmaf(gs, sh[d], acc);
     y[t * H + d] = acc;
+  }
+}
+
+// Block (token t, head): heads < n_heads take the query [D] and gate [D] of the stacked
+// projection row qkv[t] = [per head query D | gate D ... | k (n_kv D) | v (n_kv D)], norm the query
+// (rmsnorm_zc_kernel's arithmetic), rotate it (rope_neox_kernel's) into q [t, head] and copy the
+// gate; the other n_kv heads norm and rotate k and write it and v into the caches kc[t] / vc[t]
+// at row pos[t]. kNormThreads threads; D <= 1024.
+__global__ void attn_prep_kernel(const float* __restrict__ qkv, int64_t n_heads, int64_t n_kv,
+                                 int64_t D, int64_t half, const float* __restrict__ q_norm,
+                                 const float* __restrict__ k_norm, float eps,
+                                 const float* __restrict__ inv_freq,
+                                 const int64_t* __restrict__ pos, float* __restrict__ q,
+                                 float* __restrict__ gate, float* const* kc, float* const* vc) {
+  __shared__ float scratch[kNormThreads / kWarp];
+  __shared__ float xs[1024];
+  const int64_t t = blockIdx.x, hh = blockIdx.y;
+  const int64_t W = n_heads * 2 * D + 2 * n_kv * D;
+  const bool is_q = hh < n_heads;
+  const int64_t j = hh - n_heads;  // kv head
+  const float* src = qkv + t * W + (is_q ? hh * 2 * D : n_heads * 2 * D + j * D);
+  const float* w = is_q ? q_norm : k_norm;
+  float ss = 0;
+  for (int64_t d = threadIdx.x; d < D; d += kNormThreads) ss = fmaf(src[d], src[d], ss);
+  ss = block_sum<kNormThreads>(ss, scratch);
+  const float r = rsqrtf(ss / static_cast<float>(D) + eps);
+  for (int64_t d = threadIdx.x; d < D; d += kNormThreads) xs[d] = src[d] * r * (1.0f + w[d]);
+  __syncthreads();
+  float* dst = is_q ? q + (t * n_heads + hh) * D : kc[t] + pos[t] * n_kv * D + j * D;
+  for (int64_t d = threadIdx.x; d < D; d += kNormThreads) {
+    float out = xs[d];
+    if (d < 2 * half) {
+      const int64_t i = d < half ? d : d - half;
+      const float ang = static_cast<float>(pos[t]) * inv_freq[i];
+      float sn, cs;
+      sincosf(ang, &sn, &cs);
+      const float a = xs[i], b = xs[i + half];
+      out = d < half ? a * cs - b * sn : b * cs + a * sn;
+    }
+    dst[d] = out;
+  }
+  if (is_q) {
+    for (int64_t d = threadIdx.x; d < D; d += kNormThreads)
+      gate[(t * n_heads + hh) * D + d] = src[D + d];
+  } else {
+    const float* vs = qkv + t * W + n_heads * 2 * D + n_kv * D + j * D;
+    float* vd = vc[t] + pos[t] * n_kv * D + j * D;
+    for (int64_t d = threadIdx.x; d < D; d += kNormThreads) vd[d] = vs[d];
   }
 }
 
@@ -462,7 +516,10 @@ __global__ void rmsnorm_gated_kernel(const float* __restrict__ x, const float* _
   }
 }
 
-__global__ void l2norm_scale_kernel(float* __restrict__ x, int64_t dim, float eps, float scale) {
+// Rows < rows_a are scaled by scale, the others by scale_b.
+__global__ void l2norm_scale_kernel(float* __restrict__ x, int64_t dim, float eps, float scale,
+                                    int64_t rows_a, float scale_b) {
+  if (static_cast<int64_t>(blockIdx.x) >= rows_a) scale = scale_b;
   __shared__ float scratch[kNormThreads / kWarp];
   float* xr = x + blockIdx.x * dim;
   float ss = 0;
@@ -574,7 +631,8 @@ constexpr int kAttnTile = 128;
 __global__ void attention_kernel(const float* __restrict__ q, const int64_t* __restrict__ pos,
                                  const float* kc0, const float* vc0, const float* const* kt,
                                  const float* const* vt, int64_t n_heads, int64_t n_kv, int64_t D,
-                                 float scale, float* __restrict__ out) {
+                                 float scale, const float* __restrict__ gate,
+                                 float* __restrict__ out) {
   extern __shared__ float smem[];  // q [D] | p [kAttnTile] | reduce scratch [kAttnTile / 32]
   float* qs = smem;
   float* p = smem + D;
@@ -637,7 +695,10 @@ __global__ void attention_kernel(const float* __restrict__ q, const int64_t* __r
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
     const int64_t d = threadIdx.x + u * kAttnTile;
-    if (d < D) o[d] = acc[u] / sum;
+    if (d >= D) continue;
+    const float a = acc[u] / sum;
+    // The output gate: o * sigmoid(gate) (mul_sigmoid_kernel's arithmetic).
+    o[d] = gate ? a * (1.0f / (1.0f + expf(-gate[(t * n_heads + h) * D + d]))) : a;
   }
 }
 
@@ -892,41 +953,49 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
 
 void expert_gate_up(DType wtype, const void* wg, const void* wu, int64_t I, int64_t H,
                     const int32_t* experts, int64_t k, const float* x, int64_t n, float* h,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, const void* shared_g, const void* shared_u) {
   TF_CUDA_REQUIRE(H % 8 == 0, "expert_gate_up: H must be a multiple of 8");
-  if (!experts) k = 1;
-  TF_CUDA_REQUIRE(n * k <= 65535, "expert_gate_up: too many slots in one launch");
+  if (!experts) k = 1, shared_g = shared_u = nullptr;
+  const int64_t kk = shared_g ? k + 1 : k;
+  TF_CUDA_REQUIRE(n * kk <= 65535, "expert_gate_up: too many slots in one launch");
   if (n == 0 || I == 0) return;
   const dim3 grid(static_cast<unsigned>((I + kWarpsPerBlock - 1) / kWarpsPerBlock),
-                  static_cast<unsigned>(n * k));
+                  static_cast<unsigned>(n * kk));
   const unsigned threads = kWarpsPerBlock * kWarp;
-  if (wtype == DType::kBF16)
-    expert_gate_up_kernel<<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(wg),
-                                                        static_cast<const __nv_bfloat16*>(wu), I, H,
-                                                        experts, k, x, h);
-  else if (wtype == DType::kF32)
+  if (wtype == DType::kBF16) {
+    using B = __nv_bfloat16;
     expert_gate_up_kernel<<<grid, threads, 0, stream>>>(
-        static_cast<const float*>(wg), static_cast<const float*>(wu), I, H, experts, k, x, h);
-  else
+        static_cast<const B*>(wg), static_cast<const B*>(wu), static_cast<const B*>(shared_g),
+        static_cast<const B*>(shared_u), I, H, experts, k, x, h);
+  } else if (wtype == DType::kF32) {
+    expert_gate_up_kernel<<<grid, threads, 0, stream>>>(
+        static_cast<const float*>(wg), static_cast<const float*>(wu),
+        static_cast<const float*>(shared_g), static_cast<const float*>(shared_u), I, H, experts, k,
+        x, h);
+  } else {
     TF_CUDA_REQUIRE(false, "expert_gate_up: bf16 or f32 weights");
+  }
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void expert_down(DType wtype, const void* wd, int64_t H, int64_t I, const int32_t* experts,
-                 int64_t k, const float* h, int64_t n, float* o, cudaStream_t stream) {
+                 int64_t k, const float* h, int64_t n, float* o, cudaStream_t stream,
+                 const void* shared_d) {
   TF_CUDA_REQUIRE(I % 8 == 0, "expert_down: I must be a multiple of 8");
-  if (!experts) k = 1;
-  TF_CUDA_REQUIRE(n * k <= 65535, "expert_down: too many slots in one launch");
+  if (!experts) k = 1, shared_d = nullptr;
+  const int64_t kk = shared_d ? k + 1 : k;
+  TF_CUDA_REQUIRE(n * kk <= 65535, "expert_down: too many slots in one launch");
   if (n == 0 || H == 0) return;
   const dim3 grid(static_cast<unsigned>((H + kWarpsPerBlock - 1) / kWarpsPerBlock),
-                  static_cast<unsigned>(n * k));
+                  static_cast<unsigned>(n * kk));
   const unsigned threads = kWarpsPerBlock * kWarp;
   if (wtype == DType::kBF16)
-    expert_down_kernel<<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(wd), H, I,
-                                                     experts, h, o);
+    expert_down_kernel<<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(wd),
+                                                     static_cast<const __nv_bfloat16*>(shared_d), H,
+                                                     I, experts, k, h, o);
   else if (wtype == DType::kF32)
-    expert_down_kernel<<<grid, threads, 0, stream>>>(static_cast<const float*>(wd), H, I, experts,
-                                                     h, o);
+    expert_down_kernel<<<grid, threads, 0, stream>>>(
+        static_cast<const float*>(wd), static_cast<const float*>(shared_d), H, I, experts, k, h, o);
   else
     TF_CUDA_REQUIRE(false, "expert_down: bf16 or f32 weights");
   TF_CUDA_CHECK(cudaGetLastError());
@@ -977,11 +1046,32 @@ void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd
 }
 
 void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t n, int64_t k,
-                 int64_t H, const float* shared, const float* gate, float* y, cudaStream_t stream) {
+                 int64_t H, const float* shared, const float* gate, float* y, cudaStream_t stream,
+                 bool shared_in_o) {
   TF_CUDA_REQUIRE(k <= 64, "moe_combine: at most 64 experts per token");
   if (n == 0) return;
   moe_combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(o, experts, w, k, H, shared,
-                                                                   gate, y);
+                                                                   shared_in_o, gate, y);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void attn_prep(const float* qkv, int64_t n, int64_t n_heads, int64_t n_kv, int64_t D,
+               int64_t rotary_dim, const float* q_norm, const float* k_norm, float eps,
+               const float* inv_freq, const int64_t* pos, float* q, float* gate, float* const* kc,
+               float* const* vc, cudaStream_t stream) {
+  TF_CUDA_REQUIRE(D <= 1024 && rotary_dim <= D, "attn_prep: head_dim above 1024");
+  if (n == 0) return;
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(n_heads + n_kv));
+  attn_prep_kernel<<<grid, kNormThreads, 0, stream>>>(qkv, n_heads, n_kv, D, rotary_dim / 2, q_norm,
+                                                      k_norm, eps, inv_freq, pos, q, gate, kc, vc);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void l2norm_scale_qk(float* x, int64_t n_q, int64_t n_k, int64_t dim, float eps, float q_scale,
+                     cudaStream_t stream) {
+  if (n_q + n_k == 0) return;
+  l2norm_scale_kernel<<<static_cast<unsigned>(n_q + n_k), kNormThreads, 0, stream>>>(
+      x, dim, eps, q_scale, n_q, 1.0f);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1081,7 +1171,8 @@ void rmsnorm_gated(const float* x, const float* z, const float* w, int64_t n, in
 
 void l2norm_scale(float* x, int64_t n, int64_t dim, float eps, float scale, cudaStream_t stream) {
   if (n == 0) return;
-  l2norm_scale_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, dim, eps, scale);
+  l2norm_scale_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, dim, eps, scale, n,
+                                                                             scale);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1111,18 +1202,18 @@ void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cac
   TF_CUDA_REQUIRE(D <= 4 * kAttnTile, "attention: head_dim above 512");
   const size_t smem = (D + kAttnTile + kAttnTile / kWarp) * sizeof(float);
   attention_kernel<<<static_cast<unsigned>(T * n_heads), kAttnTile, smem, stream>>>(
-      q, pos, k_cache, v_cache, nullptr, nullptr, n_heads, n_kv, D, scale, out);
+      q, pos, k_cache, v_cache, nullptr, nullptr, n_heads, n_kv, D, scale, nullptr, out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void attention_table(const float* q, int64_t T, const int64_t* pos, const float* const* kc,
                      const float* const* vc, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
-                     float* out, cudaStream_t stream) {
+                     const float* gate, float* out, cudaStream_t stream) {
   if (T == 0) return;
   TF_CUDA_REQUIRE(D <= 4 * kAttnTile, "attention: head_dim above 512");
   const size_t smem = (D + kAttnTile + kAttnTile / kWarp) * sizeof(float);
   attention_kernel<<<static_cast<unsigned>(T * n_heads), kAttnTile, smem, stream>>>(
-      q, pos, nullptr, nullptr, kc, vc, n_heads, n_kv, D, scale, out);
+      q, pos, nullptr, nullptr, kc, vc, n_heads, n_kv, D, scale, gate, out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -86,12 +86,18 @@ void route_topk(const float* logits, int64_t n, int64_t E, int64_t k, bool renor
 // (experts == nullptr: e = 0 and k = 1, a dense MLP or the shared expert):
 //   h[t, j, i] = silu(wg[e, i] . x[t]) * (wu[e, i] . x[t]), x [n, H], h [n, k, I];
 // each dot in matmul's order, so h equals matmul + silu_mul bit for bit.
+// With shared_g / shared_u ([I, H], the shared expert, of width I too): each token gets a slot
+// k after its k routed ones for the shared expert, h [n, k + 1, I].
 void expert_gate_up(DType wtype, const void* wg, const void* wu, int64_t I, int64_t H,
                     const int32_t* experts, int64_t k, const float* x, int64_t n, float* h,
-                    cudaStream_t stream);
+                    cudaStream_t stream, const void* shared_g = nullptr,
+                    const void* shared_u = nullptr);
 // Down: o[t, j] = wd[e] h[t, j] for each token and slot; h [n, k, I], o [n, k, H].
+// With shared_d ([H, I]): slot k of each token is the shared expert's, h [n, k + 1, I] and o
+// [n, k + 1, H].
 void expert_down(DType wtype, const void* wd, int64_t H, int64_t I, const int32_t* experts,
-                 int64_t k, const float* h, int64_t n, float* o, cudaStream_t stream);
+                 int64_t k, const float* h, int64_t n, float* o, cudaStream_t stream,
+                 const void* shared_d = nullptr);
 // Grouped experts for many tokens: each expert's weights read once per tile of up to 8 of its
 // slots (instead of once per slot). moe_group sorts the n k slots of `experts` by expert
 // (ascending slots within one) into sorted [n k] and lists the tiles (int4 {expert, begin,
@@ -108,8 +114,24 @@ void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd
 // Combine per token: y[t] = sum over the k slots in ascending expert index of w[t, j] o[t, j]
 // (fmaf from 0, the CPU model's order), then y[t] = fmaf(sigmoid(gate[t]), shared[t], y[t]) when
 // `shared` is given. o [n, k, H], experts, w [n, k], shared [n, H], gate [n], y [n, H].
+// shared_in_o: o is [n, k + 1, H] with the shared expert's output in slot k (then `shared` is
+// not read).
 void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t n, int64_t k,
-                 int64_t H, const float* shared, const float* gate, float* y, cudaStream_t stream);
+                 int64_t H, const float* shared, const float* gate, float* y, cudaStream_t stream,
+                 bool shared_in_o = false);
+
+// The attention block's row-local work in one kernel, from the stacked projection qkv [n, nh 2 D +
+// 2 n_kv D] (per head [query D | gate D], then k, then v): q = rope(rmsnorm_zc(query, q_norm))
+// [n, nh, D], gate [n, nh, D], and k = rope(rmsnorm_zc(k, k_norm)) and v written into the caches
+// kc[t] / vc[t] at row pos[t] (as kv_append). The same bits as the separate ops.
+void attn_prep(const float* qkv, int64_t n, int64_t n_heads, int64_t n_kv, int64_t D,
+               int64_t rotary_dim, const float* q_norm, const float* k_norm, float eps,
+               const float* inv_freq, const int64_t* pos, float* q, float* gate, float* const* kc,
+               float* const* vc, cudaStream_t stream);
+// l2norm_scale over n_q rows scaled by q_scale followed by n_k rows scaled by 1 (x [n_q + n_k,
+// dim]): the Gated DeltaNet's q and k in one launch.
+void l2norm_scale_qk(float* x, int64_t n_q, int64_t n_k, int64_t dim, float eps, float q_scale,
+                     cudaStream_t stream);
 
 // x += r, then xn = rmsnorm_zc(x): the residual add fused with the next norm (bitwise the same as
 // add then rmsnorm_zc). x, r, xn [n, dim].
@@ -121,10 +143,11 @@ void add_rmsnorm_zc(float* x, const float* r, const float* w, int64_t n, int64_t
 // caches [capacity, n_kv, D]; row pos[t] is written with k[t], v[t] ([n, n_kv D]).
 void kv_append(const float* k, const float* v, int64_t n, int64_t row, const int64_t* pos,
                float* const* kc, float* const* vc, cudaStream_t stream);
-// attention() with each token's caches from the pointer tables kc[t], vc[t].
+// attention() with each token's caches from the pointer tables kc[t], vc[t]; with `gate` [T,
+// n_heads, D], the output is multiplied by sigmoid(gate) (as mul_sigmoid).
 void attention_table(const float* q, int64_t T, const int64_t* pos, const float* const* kc,
                      const float* const* vc, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
-                     float* out, cudaStream_t stream);
+                     const float* gate, float* out, cudaStream_t stream);
 // Causal conv + SiLU over nseq sequences: sequence s owns tokens starts[s] .. starts[s+1] of xc
 // [n, C] and its conv state state[s] [K-1, C] (updated to its last K-1 inputs). One thread per
 // (sequence, channel) walks the tokens in order; the sums are causal_conv_silu's. The output
