@@ -64,6 +64,34 @@ __device__ __forceinline__ void load8(const float* p, float* out) {
   out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
 }
 
+// Eight weights kept as loaded (16 bytes of bf16, 32 of f32) until their FMAs: half the registers
+// of eight floats for bf16, so more loads can be in flight.
+template <class W>
+struct Raw8;
+template <>
+struct Raw8<__nv_bfloat16> {
+  uint4 r;
+  __device__ __forceinline__ void load(const __nv_bfloat16* p) {
+    r = *reinterpret_cast<const uint4*>(p);
+  }
+  __device__ __forceinline__ float at(int i) const {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r);
+    const float2 f = __bfloat1622float2(h[i / 2]);
+    return i % 2 ? f.y : f.x;
+  }
+};
+template <>
+struct Raw8<float> {
+  float4 a, b;
+  __device__ __forceinline__ void load(const float* p) {
+    a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  }
+  __device__ __forceinline__ float at(int i) const {
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    return v[i];
+  }
+};
+
 // The dots of one weight row `wr` [cols] with kT token rows x + u xs (u < nt), for the calling
 // warp; every lane gets the totals. Lane l sums k = 8 l + 256 j + i in order of j then i (four
 // chunks' weight loads issued before their FMAs, which keeps that order), then the xor tree.
@@ -108,23 +136,80 @@ __device__ __forceinline__ void warp_dots(const W* __restrict__ wr, int64_t cols
   for (int u = 0; u < kT; ++u) acc[u] = warp_sum(acc[u]);
 }
 
-// Block (row group, token tile): warp w computes row blockIdx.x * kWarpsPerBlock + w for the
-// tile's tokens blockIdx.y * kTokTile + u.
+// Block (row group, token tile): warp w computes the kMatRows rows from
+// (blockIdx.x * kWarpsPerBlock + w) * kMatRows for the tile's tokens blockIdx.y * kTokTile + u,
+// each x chunk loaded once for the warp's rows. Per (row, token) the sum is warp_dots' (lane l:
+// k = 8 l + 256 j + i in order of j then i, then the xor tree), whatever the tile or the rows.
 constexpr int kWarpsPerBlock = 8;
 constexpr int kTokTile = 8;
-template <class W>
-__global__ void matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t cols,
-                              const float* __restrict__ x, int64_t n, float* __restrict__ y) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokTile;
-  if (r >= rows) return;
-  const int nt = static_cast<int>(n - t0 < kTokTile ? n - t0 : kTokTile);
-  float acc[kTokTile];
-  warp_dots<kTokTile>(w + r * cols, cols, x + t0 * cols, cols, nt, acc);
-  if (threadIdx.x % kWarp == 0) {
+constexpr int kMatRows = 4;
+// kT: tokens per tile, 1 for one-token products (fewer registers, more warps per SM) and
+// kTokTile otherwise; the per-(row, token) arithmetic is the same in both.
+template <class W, int kT>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
+    matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t cols, const float* __restrict__ x,
+                  int64_t n, float* __restrict__ y) {
+  const int64_t r0 =
+      (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * kMatRows;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kT;
+  if (r0 >= rows) return;
+  const int nt = static_cast<int>(n - t0 < kT ? n - t0 : kT);
+  const int nr = static_cast<int>(rows - r0 < kMatRows ? rows - r0 : kMatRows);
+  const int lane = threadIdx.x % kWarp;
+  const float* xt = x + t0 * cols;
+  float acc[kMatRows][kT];
 #pragma unroll
-    for (int u = 0; u < kTokTile; ++u)
-      if (u < nt) y[(t0 + u) * rows + r] = acc[u];
+  for (int q = 0; q < kMatRows; ++q)
+#pragma unroll
+    for (int u = 0; u < kT; ++u) acc[q][u] = 0;
+  constexpr int64_t kStride = 8 * kWarp;
+  int64_t k = 8 * lane;
+  // Two chunks of every row loaded before their FMAs (8 loads of 16 bytes in flight per lane).
+  for (; k + kStride < cols; k += 2 * kStride) {
+    Raw8<W> wv[2][kMatRows];
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int q = 0; q < kMatRows; ++q)
+        if (q < nr) wv[c][q].load(w + (r0 + q) * cols + k + c * kStride);
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      if (u >= nt) break;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float xv[8];
+        load8(xt + u * cols + k + c * kStride, xv);
+#pragma unroll
+        for (int q = 0; q < kMatRows; ++q)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[q][u] = fmaf(wv[c][q].at(i), xv[i], acc[q][u]);
+      }
+    }
+  }
+  for (; k < cols; k += kStride) {
+    Raw8<W> wv[kMatRows];
+#pragma unroll
+    for (int q = 0; q < kMatRows; ++q)
+      if (q < nr) wv[q].load(w + (r0 + q) * cols + k);
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      if (u >= nt) break;
+      float xv[8];
+      load8(xt + u * cols + k, xv);
+#pragma unroll
+      for (int q = 0; q < kMatRows; ++q)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[q][u] = fmaf(wv[q].at(i), xv[i], acc[q][u]);
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < kMatRows; ++q) {
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      if (u >= nt) break;
+      const float v = warp_sum(acc[q][u]);
+      if (lane == 0 && q < nr) y[(t0 + u) * rows + r0 + q] = v;
+    }
   }
 }
 
@@ -207,10 +292,16 @@ __device__ __forceinline__ void warp_dots_ptr(const W* __restrict__ wr, int64_t 
 // of expert 0 in ascending order, then expert 1's, ...; tiles [max_tiles] (expert, begin, count)
 // cover each expert's slots in runs of kTokTile; *n_tiles the number used.
 constexpr int kGroupThreads = 1024;
-__global__ void moe_group_kernel(const int32_t* __restrict__ experts, int64_t slots, int64_t E,
+__global__ void moe_group_kernel(const int32_t* experts, int64_t slots, int64_t E,
                                  int32_t* __restrict__ sorted, int4* __restrict__ tiles,
                                  int32_t* __restrict__ n_tiles) {
   __shared__ int32_t base[kGroupThreads], tbase[kGroupThreads];
+  __shared__ int32_t ids[4096];  // the slots' experts, when they fit
+  if (slots <= 4096) {
+    for (int64_t i = threadIdx.x; i < slots; i += blockDim.x) ids[i] = experts[i];
+    __syncthreads();
+    experts = ids;
+  }
   const int per = static_cast<int>((E + kGroupThreads - 1) / kGroupThreads);  // experts per thread
   const int e0 = threadIdx.x * per;
   int cnt = 0, tcnt = 0;
@@ -274,10 +365,56 @@ __global__ void grouped_gate_up_kernel(const W* __restrict__ wg, const W* __rest
     slot[u] = u < tl.z ? sorted[tl.y + u] : 0;
     xr[u] = x + (slot[u] / k) * H;
   }
+  // Gate and up rows together: two chunks of each loaded before their FMAs; per (row, slot) the
+  // sums are warp_dots' order.
+  const W* gr = wg + (tl.x * I + i) * H;
+  const W* ur = wu + (tl.x * I + i) * H;
+  const int lane = threadIdx.x % kWarp, nt = tl.z;
   float g[kTokTile], up[kTokTile];
-  warp_dots_ptr<kTokTile>(wg + (tl.x * I + i) * H, H, xr, tl.z, g);
-  warp_dots_ptr<kTokTile>(wu + (tl.x * I + i) * H, H, xr, tl.z, up);
-  if (threadIdx.x % kWarp == 0) {
+#pragma unroll
+  for (int u = 0; u < kTokTile; ++u) g[u] = 0, up[u] = 0;
+  constexpr int64_t kStride = 8 * kWarp;
+  int64_t c = 8 * lane;
+  for (; c + kStride < H; c += 2 * kStride) {
+    Raw8<W> a0, a1, b0, b1;
+    a0.load(gr + c), a1.load(gr + c + kStride), b0.load(ur + c), b1.load(ur + c + kStride);
+#pragma unroll
+    for (int u = 0; u < kTokTile; ++u) {
+      if (u >= nt) break;
+      float x0[8], x1[8];
+      load8(xr[u] + c, x0);
+      load8(xr[u] + c + kStride, x1);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g[u] = fmaf(a0.at(e), x0[e], g[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g[u] = fmaf(a1.at(e), x1[e], g[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) up[u] = fmaf(b0.at(e), x0[e], up[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) up[u] = fmaf(b1.at(e), x1[e], up[u]);
+    }
+  }
+  for (; c < H; c += kStride) {
+    Raw8<W> a0, b0;
+    a0.load(gr + c), b0.load(ur + c);
+#pragma unroll
+    for (int u = 0; u < kTokTile; ++u) {
+      if (u >= nt) break;
+      float x0[8];
+      load8(xr[u] + c, x0);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g[u] = fmaf(a0.at(e), x0[e], g[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) up[u] = fmaf(b0.at(e), x0[e], up[u]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kTokTile; ++u) {
+    if (u >= nt) break;
+    g[u] = warp_sum(g[u]);
+    up[u] = warp_sum(up[u]);
+  }
+  if (lane == 0) {
 #pragma unroll
     for (int u = 0; u < kTokTile; ++u)
       if (u < tl.z) h[slot[u] * I + i] = g[u] / (1.0f + expf(-g[u])) * up[u];
@@ -316,12 +453,14 @@ __global__ void moe_combine_kernel(const float* __restrict__ o, const int32_t* _
                                    const float* __restrict__ w, int64_t k, int64_t H,
                                    const float* __restrict__ shared, bool shared_in_o,
                                    const float* __restrict__ gate, float* __restrict__ y) {
-  __shared__ int order[64];
+  __shared__ int order[64], eid[64];
   const int64_t t = blockIdx.x, kk = shared_in_o ? k + 1 : k;
+  if (threadIdx.x < k) eid[threadIdx.x] = experts[t * k + threadIdx.x];
+  __syncthreads();
   if (threadIdx.x == 0) {
     for (int j = 0; j < k; ++j) {
       int p = j;
-      while (p > 0 && experts[t * k + order[p - 1]] > experts[t * k + j]) {
+      while (p > 0 && eid[order[p - 1]] > eid[j]) {
         order[p] = order[p - 1];
         --p;
       }
@@ -647,21 +786,29 @@ __global__ void attention_kernel(const float* __restrict__ q, const int64_t* __r
   float m = -INFINITY, sum = 0;
   float acc[4] = {0, 0, 0, 0};  // dims threadIdx.x + 128 u, D <= 512
   for (int64_t tile = 0; tile < L; tile += kAttnTile) {
-    // Scores: warp w takes keys tile + 32 w + u (u < 32) one after another, its lanes over the
-    // dims (d = lane + 32 m, m ascending, then the xor tree); lane u keeps key u's score.
+    // Scores: warp w takes keys tile + 32 w + u (u < 32), four at a time: lanes 8 g .. 8 g + 7
+    // dot key u + g, lane 8 g + s summing dims s + 8 m in ascending m, then a xor tree over the
+    // 8 lanes; lane u keeps key u's score.
     const int64_t j = tile + threadIdx.x;
-    const int lane = threadIdx.x % kWarp;
+    const int lane = threadIdx.x % kWarp, grp = lane / 8, sub = lane % 8;
     const int64_t wbase = tile + threadIdx.x - lane;
     float sc = -INFINITY;
-#pragma unroll 4
-    for (int u = 0; u < kWarp; ++u) {
-      const int64_t ju = wbase + u;
-      if (ju >= L) break;  // warp-uniform
-      const float* kj = kc + (ju * n_kv + kvh) * D;
+#pragma unroll 2
+    for (int u = 0; u < kWarp; u += 4) {
+      if (wbase + u >= L) break;  // warp-uniform
+      const int64_t ju = wbase + u + grp;
       float dot = 0;
-      for (int64_t d = lane; d < D; d += kWarp) dot = fmaf(qs[d], kj[d], dot);
-      dot = warp_sum(dot);
-      if (lane == u) sc = dot * scale;
+      if (ju < L) {
+        const float* kj = kc + (ju * n_kv + kvh) * D;
+        for (int64_t d = sub; d < D; d += 8) dot = fmaf(qs[d], kj[d], dot);
+      }
+#pragma unroll
+      for (int o = 4; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        const float v = __shfl_sync(0xffffffffu, dot, 8 * g);
+        if (lane == u + g) sc = v * scale;
+      }
     }
     if (j >= L) sc = -INFINITY;
     // Tile max by a fixed tree.
@@ -746,12 +893,14 @@ __global__ void route_topk_kernel(const float* __restrict__ logits, int64_t n, i
       if (lane + kWarp * m < E) consider(lv[m], lane + kWarp * m);
     for (int64_t e = lane + kWarp * kRouteRegs; e < E; e += kWarp)
       consider(l[e], static_cast<int>(e));
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
-    }
+    // The warp's largest value (floats mapped to order-preserving unsigned keys), then the lowest
+    // index holding it: two warp reductions.
+    const unsigned bits = __float_as_uint(bv);
+    const unsigned key = bi < 0 ? 0u : (bits & 0x80000000u ? ~bits : bits | 0x80000000u);
+    const unsigned top = __reduce_max_sync(0xffffffffu, key);
+    bi = static_cast<int>(__reduce_min_sync(
+        0xffffffffu, key == top && bi >= 0 ? static_cast<unsigned>(bi) : 0xffffffffu));
+    bv = __shfl_sync(0xffffffffu, bv, bi % kWarp);  // expert bi lives in lane bi % 32
     pv = bv, pi = bi;
     const float p = expf(bv - mx) / sum;
     wsum += p;
@@ -848,17 +997,17 @@ __global__ void split_qkvz_kernel(const float* __restrict__ P, const float* __re
 
 // split_qkvz and gdn_gates in one pass over PB [n, Hk G + Hk 2r] (the stacked in_qkvz | in_ba
 // projection): the same values as the two kernels.
+// Block (token t, k-head group).
 __global__ void split_qkvz_gates_kernel(const float* __restrict__ PB, int64_t Hk, int64_t Dk,
                                         int64_t r, int64_t Dv, const float* __restrict__ dt_bias,
                                         const float* __restrict__ neg_exp_a, float* __restrict__ xc,
                                         float* __restrict__ z, float* __restrict__ beta,
                                         float* __restrict__ g) {
-  const int64_t t = blockIdx.x, G = 2 * Dk + 2 * r * Dv, kd = Hk * Dk, Hv = Hk * r;
-  const int64_t C = 2 * kd + Hv * Dv, W = Hk * G + Hk * 2 * r;
-  const float* P = PB + t * W;
-  for (int64_t i = threadIdx.x; i < Hk * G; i += blockDim.x) {
-    const int64_t grp = i / G, o = i % G;
-    const float x = P[i];
+  const int64_t t = blockIdx.x, grp = blockIdx.y, G = 2 * Dk + 2 * r * Dv, kd = Hk * Dk;
+  const int64_t Hv = Hk * r, C = 2 * kd + Hv * Dv, W = Hk * G + Hk * 2 * r;
+  const float* P = PB + t * W + grp * G;
+  for (int64_t o = threadIdx.x; o < G; o += blockDim.x) {
+    const float x = P[o];
     if (o < Dk)
       xc[t * C + grp * Dk + o] = x;
     else if (o < 2 * Dk)
@@ -868,10 +1017,10 @@ __global__ void split_qkvz_gates_kernel(const float* __restrict__ PB, int64_t Hk
     else
       z[(t * Hv + grp * r) * Dv + o - 2 * Dk - r * Dv] = x;
   }
-  const float* BA = P + Hk * G;
-  for (int64_t i = threadIdx.x; i < Hv; i += blockDim.x) {
-    const int64_t grp = i / r, o = i % r;
-    const float b = BA[grp * 2 * r + o], a = BA[grp * 2 * r + r + o];
+  const float* BA = PB + t * W + Hk * G + grp * 2 * r;
+  for (int64_t o = threadIdx.x; o < r; o += blockDim.x) {
+    const int64_t i = grp * r + o;
+    const float b = BA[o], a = BA[r + o];
     beta[t * Hv + i] = 1.0f / (1.0f + expf(-b));
     const float x = a + dt_bias[i];
     g[t * Hv + i] = neg_exp_a[i] * (x > 20.0f ? x : log1pf(expf(x)));
@@ -933,18 +1082,29 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
   TF_CUDA_REQUIRE(cols % 8 == 0, "matmul: cols must be a multiple of 8");
   TF_CUDA_REQUIRE(n <= 65535 * int64_t{kTokTile}, "matmul: too many rows in one launch");
   if (n == 0 || rows == 0) return;
-  const dim3 grid(static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock),
+  const int64_t per_block = kWarpsPerBlock * kMatRows;
+  const dim3 grid(static_cast<unsigned>((rows + per_block - 1) / per_block),
                   static_cast<unsigned>((n + kTokTile - 1) / kTokTile));
   const unsigned threads = kWarpsPerBlock * kWarp;
+  const bool one = n == 1;
   switch (wtype) {
-    case DType::kBF16:
-      matmul_kernel<<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(w), rows, cols,
-                                                  x, n, y);
+    case DType::kBF16: {
+      const auto* wb = static_cast<const __nv_bfloat16*>(w);
+      if (one)
+        matmul_kernel<__nv_bfloat16, 1><<<grid, threads, 0, stream>>>(wb, rows, cols, x, n, y);
+      else
+        matmul_kernel<__nv_bfloat16, kTokTile>
+            <<<grid, threads, 0, stream>>>(wb, rows, cols, x, n, y);
       break;
-    case DType::kF32:
-      matmul_kernel<<<grid, threads, 0, stream>>>(static_cast<const float*>(w), rows, cols, x, n,
-                                                  y);
+    }
+    case DType::kF32: {
+      const auto* wf = static_cast<const float*>(w);
+      if (one)
+        matmul_kernel<float, 1><<<grid, threads, 0, stream>>>(wf, rows, cols, x, n, y);
+      else
+        matmul_kernel<float, kTokTile><<<grid, threads, 0, stream>>>(wf, rows, cols, x, n, y);
       break;
+    }
     default:
       TF_CUDA_REQUIRE(false, "matmul: weight dtype not supported on CUDA (bf16, f32)");
   }
@@ -1249,8 +1409,8 @@ void split_qkvz_gates(const float* PB, int64_t n, int64_t Hk, int64_t Dk, int64_
                       const float* dt_bias, const float* neg_exp_a, float* xc, float* z,
                       float* beta, float* g, cudaStream_t stream) {
   if (n == 0) return;
-  split_qkvz_gates_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(PB, Hk, Dk, r, Dv, dt_bias,
-                                                                        neg_exp_a, xc, z, beta, g);
+  split_qkvz_gates_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(Hk)), 256, 0,
+                            stream>>>(PB, Hk, Dk, r, Dv, dt_bias, neg_exp_a, xc, z, beta, g);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -22,10 +22,11 @@ void rmsnorm_zc(const float* x, const float* w, int64_t n, int64_t dim, float ep
                 cudaStream_t stream);
 
 // y[t, r] = sum_k w[r, k] * x[t, k]: w [rows, cols] row-major in `wtype` (bf16 or f32), x [n, cols]
-// fp32, y [n, rows] fp32. cols must be a multiple of 8. One warp per weight row and tile of 8
-// tokens (the row's 16-byte weight loads are shared by the tile's tokens); for each token, lane l
-// sums k = 8 l + 256 j + i (i < 8) in order of j then i, then a xor-shuffle tree over the 32
-// lanes. The tile only decides which tokens share a load, never a token's arithmetic.
+// fp32, y [n, rows] fp32. cols must be a multiple of 8. One warp per 4 weight rows and tile of 8
+// tokens (the rows' 16-byte weight loads are shared by the tile's tokens, a token's x chunk by the
+// rows); for each (row, token), lane l sums k = 8 l + 256 j + i (i < 8) in order of j then i,
+// then a xor-shuffle tree over the 32 lanes. Tiles only decide which loads are shared, never a
+// token's arithmetic.
 void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n,
             float* y, cudaStream_t stream);
 
@@ -66,8 +67,8 @@ void delta_rule_recurrent(const float* q, const float* k, const float* v, const 
 // Causal GQA attention of T queries of one sequence over its cache, as cpu::attention: q
 // [T, n_heads, D]; k_cache, v_cache [L, n_kv, D]; query t sees rows 0..pos[t] (pos on device).
 // One block per (t, head); keys in tiles of 128 with a running max (online softmax), each tile's
-// keys accumulated in ascending order. A score is a warp's dot: lane l sums dims l + 32 m in
-// order, then the xor tree.
+// keys accumulated in ascending order. A score is 8 lanes' dot: lane s sums dims s + 8 m in
+// order, then a xor tree over the 8.
 void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cache,
                const float* v_cache, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
                float* out, cudaStream_t stream);
