@@ -18,4 +18,6 @@ status=0
   tee "$out/bench_tiny_nographs.md" || status=1
 "$dir/cuda_bench" --config "$cfg/qwen3-next-80b-a3b-24l.json" --load-format dummy --kernels 2>&1 |
   tee "$out/bench_80b.md" || status=1
+"$dir/cuda_bench" --config "$cfg/qwen3-next-80b-a3b-24l.json" --load-format dummy --batches 1 \
+  --prefill 0 --no-graphs 2>&1 | tee "$out/bench_80b_nographs.md" || status=1
 exit "$status"

@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
     matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t cols, const float* __restrict__ x,
                   int64_t n, float* __restrict__ y) {
   const int64_t r0 =
-      (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * kMatRows;
+      (static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp) * kMatRows;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kT;
   if (r0 >= rows) return;
   const int nt = static_cast<int>(n - t0 < kT ? n - t0 : kT);
@@ -447,7 +447,7 @@ __global__ void grouped_down_kernel(const W* __restrict__ wd, int64_t H, int64_t
   }
 }
 
-// One block per token; thread 0 orders the k slots by expert index (k <= 64). Slot j of token t
+// Block (token, 256 dims); thread 0 orders the k slots by expert index (k <= 64). Slot j of token t
 // is o[t kk + j] (kk = k, or k + 1 with the shared expert's output in slot k when shared_in_o).
 __global__ void moe_combine_kernel(const float* __restrict__ o, const int32_t* __restrict__ experts,
                                    const float* __restrict__ w, int64_t k, int64_t H,
@@ -457,6 +457,7 @@ __global__ void moe_combine_kernel(const float* __restrict__ o, const int32_t* _
   const int64_t t = blockIdx.x, kk = shared_in_o ? k + 1 : k;
   if (threadIdx.x < k) eid[threadIdx.x] = experts[t * k + threadIdx.x];
   __syncthreads();
+  __shared__ float wo[64];  // the weights in that order
   if (threadIdx.x == 0) {
     for (int j = 0; j < k; ++j) {
       int p = j;
@@ -466,19 +467,19 @@ __global__ void moe_combine_kernel(const float* __restrict__ o, const int32_t* _
       }
       order[p] = j;
     }
+    for (int j = 0; j < k; ++j) wo[j] = w[t * k + order[j]];
   }
   __syncthreads();
   const float* sh = shared_in_o ? o + (t * kk + k) * H : shared ? shared + t * H : nullptr;
   const float gs = sh ? 1.0f / (1.0f + expf(-gate[t])) : 0.0f;
-  for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
-    float acc = 0;
-    for (int jj = 0; jj < k; ++jj) {
-      const int64_t j = order[jj];
-      acc = fmaf(o[(t * kk + j) * H + d], w[t * k + j], acc);
-    }
-    if (sh) acc = fmaf(gs, sh[d], acc);
-    y[t * H + d] = acc;
-  }
+  const int64_t d = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (d >= H) return;
+  // The sum in ascending expert order; the unrolled body issues its loads before its FMAs.
+  float acc = 0;
+#pragma unroll 16
+  for (int jj = 0; jj < k; ++jj) acc = fmaf(o[(t * kk + order[jj]) * H + d], wo[jj], acc);
+  if (sh) acc = fmaf(gs, sh[d], acc);
+  y[t * H + d] = acc;
 }
 
 // Block (token t, head): heads < n_heads take the query [D] and gate [D] of the stacked
@@ -800,6 +801,7 @@ __global__ void attention_kernel(const float* __restrict__ q, const int64_t* __r
       float dot = 0;
       if (ju < L) {
         const float* kj = kc + (ju * n_kv + kvh) * D;
+#pragma unroll 8
         for (int64_t d = sub; d < D; d += 8) dot = fmaf(qs[d], kj[d], dot);
       }
 #pragma unroll
@@ -832,6 +834,7 @@ __global__ void attention_kernel(const float* __restrict__ q, const int64_t* __r
       const int64_t d = threadIdx.x + u * kAttnTile;
       if (d >= D) continue;
       float a = acc[u] * rescale;
+#pragma unroll 8
       for (int64_t jj = 0; jj < n; ++jj) a = fmaf(p[jj], vc[((tile + jj) * n_kv + kvh) * D + d], a);
       acc[u] = a;
     }
@@ -878,9 +881,9 @@ __global__ void route_topk_kernel(const float* __restrict__ logits, int64_t n, i
   for (int64_t e = lane + kWarp * kRouteRegs; e < E; e += kWarp) sum += expf(l[e] - mx);
   sum = warp_sum(sum);
   int32_t* ex = experts + t * k;
-  float* wt = weights + t * k;
-  float pv = INFINITY, wsum = 0;
-  int pi = -1;
+  float* wt = weights + t * k;  // k <= 64
+  float pv = INFINITY, wsum = 0, p0 = 0, p1 = 0;
+  int pi = -1, i0 = 0, i1 = 0;
   for (int64_t s = 0; s < k; ++s) {
     float bv = -INFINITY;
     int bi = -1;
@@ -904,10 +907,11 @@ __global__ void route_topk_kernel(const float* __restrict__ logits, int64_t n, i
     pv = bv, pi = bi;
     const float p = expf(bv - mx) / sum;
     wsum += p;
-    if (lane == 0) ex[s] = bi, wt[s] = p;
+    if (lane == s % kWarp) (s < kWarp ? p0 : p1) = p, (s < kWarp ? i0 : i1) = bi;
   }
-  if (renorm && lane == 0)
-    for (int64_t s = 0; s < k; ++s) wt[s] /= wsum;
+  // Lane l writes picks l and l + 32 (the weights renormalised over the k).
+  if (lane < k) ex[lane] = i0, wt[lane] = renorm ? p0 / wsum : p0;
+  if (lane + kWarp < k) ex[lane + kWarp] = i1, wt[lane + kWarp] = renorm ? p1 / wsum : p1;
 }
 
 // One block per row; ties to the lower index.
@@ -1082,10 +1086,15 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
   TF_CUDA_REQUIRE(cols % 8 == 0, "matmul: cols must be a multiple of 8");
   TF_CUDA_REQUIRE(n <= 65535 * int64_t{kTokTile}, "matmul: too many rows in one launch");
   if (n == 0 || rows == 0) return;
-  const int64_t per_block = kWarpsPerBlock * kMatRows;
+  // Warps per block: 8, or fewer when that leaves under ~2 blocks per SM of an H200 (132 SMs)
+  // for a one-tile product; the launch shape never changes a row's arithmetic.
+  const int64_t warps_needed = (rows + kMatRows - 1) / kMatRows;
+  const int64_t wpb =
+      n > kTokTile ? kWarpsPerBlock : std::clamp<int64_t>(warps_needed / 264, 1, kWarpsPerBlock);
+  const int64_t per_block = wpb * kMatRows;
   const dim3 grid(static_cast<unsigned>((rows + per_block - 1) / per_block),
                   static_cast<unsigned>((n + kTokTile - 1) / kTokTile));
-  const unsigned threads = kWarpsPerBlock * kWarp;
+  const unsigned threads = static_cast<unsigned>(wpb * kWarp);
   const bool one = n == 1;
   switch (wtype) {
     case DType::kBF16: {
@@ -1210,8 +1219,8 @@ void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t
                  bool shared_in_o) {
   TF_CUDA_REQUIRE(k <= 64, "moe_combine: at most 64 experts per token");
   if (n == 0) return;
-  moe_combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(o, experts, w, k, H, shared,
-                                                                   shared_in_o, gate, y);
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((H + 255) / 256));
+  moe_combine_kernel<<<grid, 256, 0, stream>>>(o, experts, w, k, H, shared, shared_in_o, gate, y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
