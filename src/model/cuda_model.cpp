@@ -71,70 +71,137 @@ struct CudaModel::DevMat {
   DType dtype = DType::kF32;
   DeviceArray<uint8_t> bytes;
   int64_t rows = 0, cols = 0;
+  int64_t size() const { return static_cast<int64_t>(bytes.size()); }
 };
+// A dense MLP or shared expert (one matrix each), or a layer's routed experts packed: gate, up
+// [E * I, H] and down [E * H, I], expert e's rows at e * I (e * H).
 struct CudaModel::DevFfn {
   DevMat gate, up, down;
+  int64_t I = 0;
 };
 struct CudaModel::DevLayer {
   bool full_attention = false, moe = false;
   DeviceArray<float> input_norm, post_norm;
-  DevMat q_proj, k_proj, v_proj, o_proj;
+  DevMat qkv, o_proj;  // qkv: q_proj, k_proj and v_proj stacked, one product
   DeviceArray<float> q_norm, k_norm;
-  DevMat in_qkvz, in_ba, out_proj;
+  DevMat in_proj, out_proj;  // in_proj: in_qkvz and in_ba stacked, one product for both
   DeviceArray<float> conv, dt_bias, neg_exp_a, gnorm;
   DevMat router;
-  std::vector<DevFfn> experts;
+  DevFfn experts;
   DevFfn shared, mlp;
   DevMat shared_gate;  // [1, H] f32
 };
 
-static void copy_mat(const Mat& m, DType* dtype, DeviceArray<uint8_t>* bytes, int64_t* rows,
-                     int64_t* cols) {
-  *rows = m.rows, *cols = m.cols;
-  const size_t n = static_cast<size_t>(m.rows * m.cols);
-  if (m.data == nullptr || n == 0) return;
-  if (m.dtype == DType::kF16) {  // no f16 matmul on CUDA yet: widen to f32
-    std::vector<float> f(n);
-    const uint16_t* h = static_cast<const uint16_t*>(m.data);
-    for (size_t i = 0; i < n; ++i) f[i] = f16_to_f32(h[i]);
-    *dtype = DType::kF32;
-    *bytes = upload(reinterpret_cast<const uint8_t*>(f.data()), n * sizeof(float));
-    return;
+namespace {
+
+// The matrices `ms` (same cols) stacked row-wise on the device: bf16 and f32 as they are when all
+// share that dtype, otherwise (and f16, which has no CUDA matmul) widened to f32.
+void upload_stacked(const std::vector<const Mat*>& ms, DType* dtype, DeviceArray<uint8_t>* bytes,
+                    int64_t* rows, int64_t* cols) {
+  *rows = 0, *cols = ms.empty() ? 0 : ms[0]->cols;
+  bool same = true;
+  for (const Mat* m : ms) {
+    *rows += m->rows;
+    same = same && m->dtype == ms[0]->dtype && m->data != nullptr;
   }
-  *dtype = m.dtype;
-  *bytes = upload(static_cast<const uint8_t*>(m.data), n * dtype_size(m.dtype));
+  if (*rows * *cols == 0 || ms[0]->data == nullptr) return;
+  const DType t = same && (ms[0]->dtype == DType::kBF16 || ms[0]->dtype == DType::kF32)
+                      ? ms[0]->dtype
+                      : DType::kF32;
+  const size_t es = dtype_size(t);
+  std::vector<uint8_t> host(static_cast<size_t>(*rows * *cols) * es);
+  size_t at = 0;
+  for (const Mat* m : ms) {
+    const size_t n = static_cast<size_t>(m->rows * m->cols);
+    if (m->dtype == t) {
+      std::memcpy(host.data() + at, m->data, n * es);
+    } else {
+      float* f = reinterpret_cast<float*>(host.data() + at);
+      const uint16_t* h = static_cast<const uint16_t*>(m->data);
+      for (size_t i = 0; i < n; ++i)
+        f[i] = m->dtype == DType::kF16    ? f16_to_f32(h[i])
+               : m->dtype == DType::kBF16 ? bf16_to_f32(h[i])
+                                          : static_cast<const float*>(m->data)[i];
+    }
+    at += n * es;
+  }
+  *dtype = t;
+  *bytes = upload(host.data(), host.size());
 }
 
-Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int device) {
+}  // namespace
+
+CudaModel::CudaModel(const ModelConfig& config) : config_(config) {}
+
+Status CudaModel::init_device(CudaModel* m, int device) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count <= device)
     return Status(StatusCode::kUnavailable,
                   fmt::format("no CUDA device {} ({} found)", device, count));
-  TF_CUDA_CHECK(cudaSetDevice(device));
-  const ModelConfig& c = host.config();
-  const Weights& w = host.weights();
-  if (c.hidden_size % 8 != 0 || c.head_dim * c.num_attention_heads % 8 != 0)
+  const ModelConfig& c = m->config_;
+  if (c.hidden_size % 8 != 0 || c.head_dim * c.num_attention_heads % 8 != 0 ||
+      c.moe_intermediate_size % 8 != 0 || c.shared_expert_intermediate_size % 8 != 0)
     return Status::invalid("the CUDA backend needs widths that are multiples of 8");
-  auto m = std::unique_ptr<CudaModel>(new CudaModel(host));
+  if (c.num_experts_per_tok > 64)
+    return Status::invalid("the CUDA backend routes at most 64 experts per token");
+  if (c.linear_key_head_dim % 4 != 0 || c.linear_key_head_dim > 128 || c.linear_conv_kernel_dim > 8)
+    return Status::invalid(
+        "the CUDA backend needs linear_key_head_dim a multiple of 4 up to 128 and a conv kernel "
+        "of at most 8");
+  TF_CUDA_CHECK(cudaSetDevice(device));
   m->device_ = device;
   cudaStream_t s;
   TF_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   m->stream_ = s;
-  auto mat = [](const Mat& src) {
-    DevMat d;
-    copy_mat(src, &d.dtype, &d.bytes, &d.rows, &d.cols);
-    return d;
-  };
-  auto ffn = [&](const FfnWeights& f) { return DevFfn{mat(f.gate), mat(f.up), mat(f.down)}; };
-  m->embed_ = std::make_unique<DevMat>(mat(w.embed));
-  m->lm_head_ = std::make_unique<DevMat>(mat(w.lm_head));
-  m->final_norm_ = upload(w.final_norm);
   std::vector<float> inv_freq;
   for (int64_t i = 0; i < c.rotary_dim() / 2; ++i) {
     const float e = static_cast<float>(2 * i) / static_cast<float>(c.rotary_dim());
     inv_freq.push_back(1.0f / static_cast<float>(std::pow(c.rope_theta, static_cast<double>(e))));
   }
   m->inv_freq_ = upload(inv_freq);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    m->ordinal_.push_back(c.full_attention[i] ? m->n_attn_++ : m->n_gdn_++);
+  return Status::ok();
+}
+
+// Counts the bytes of every weight (CudaWeightBytes).
+void CudaModel::finish_init() {
+  CudaWeightBytes& b = bytes_;
+  auto f = [](const DeviceArray<float>& a) { return static_cast<int64_t>(a.size() * 4); };
+  auto ffn = [](const DevFfn& x) { return x.gate.size() + x.up.size() + x.down.size(); };
+  for (const DevLayer& L : layers_) {
+    b.dense += f(L.input_norm) + f(L.post_norm) + L.qkv.size() + L.o_proj.size() + f(L.q_norm) +
+               f(L.k_norm) + L.in_proj.size() + L.out_proj.size() + f(L.conv) + f(L.dt_bias) +
+               f(L.neg_exp_a) + f(L.gnorm) + L.router.size() + ffn(L.shared) + ffn(L.mlp) +
+               L.shared_gate.size();
+    if (L.moe) {
+      ++b.moe_layers;
+      b.expert = ffn(L.experts) / config_.num_experts;
+      b.total += ffn(L.experts);
+    }
+  }
+  b.lm_head = lm_head_->size();
+  b.embed_row = embed_->size() / std::max<int64_t>(1, embed_->rows);
+  b.total += b.dense + b.lm_head + embed_->size() + f(final_norm_);
+  TF_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int device) {
+  auto m = std::unique_ptr<CudaModel>(new CudaModel(host.config()));
+  if (Status st = init_device(m.get(), device); !st.is_ok()) return st;
+  const ModelConfig& c = host.config();
+  const Weights& w = host.weights();
+  auto mat = [](const Mat& src) {
+    DevMat d;
+    upload_stacked({&src}, &d.dtype, &d.bytes, &d.rows, &d.cols);
+    return d;
+  };
+  auto ffn = [&](const FfnWeights& f) {
+    return DevFfn{mat(f.gate), mat(f.up), mat(f.down), f.gate.rows};
+  };
+  m->embed_ = std::make_unique<DevMat>(mat(w.embed));
+  m->lm_head_ = std::make_unique<DevMat>(mat(w.lm_head));
+  m->final_norm_ = upload(w.final_norm);
   for (const LayerWeights& L : w.layers) {
     DevLayer d;
     d.full_attention = L.full_attention;
@@ -142,17 +209,29 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int devi
     d.input_norm = upload(L.input_norm);
     d.post_norm = upload(L.post_norm);
     if (L.full_attention) {
-      d.q_proj = mat(L.q_proj), d.k_proj = mat(L.k_proj), d.v_proj = mat(L.v_proj);
+      upload_stacked({&L.q_proj, &L.k_proj, &L.v_proj}, &d.qkv.dtype, &d.qkv.bytes, &d.qkv.rows,
+                     &d.qkv.cols);
       d.o_proj = mat(L.o_proj);
       d.q_norm = upload(L.q_norm), d.k_norm = upload(L.k_norm);
     } else {
-      d.in_qkvz = mat(L.in_qkvz), d.in_ba = mat(L.in_ba), d.out_proj = mat(L.out_proj);
+      upload_stacked({&L.in_qkvz, &L.in_ba}, &d.in_proj.dtype, &d.in_proj.bytes, &d.in_proj.rows,
+                     &d.in_proj.cols);
+      d.out_proj = mat(L.out_proj);
       d.conv = upload(L.conv), d.dt_bias = upload(L.dt_bias);
       d.neg_exp_a = upload(L.neg_exp_a), d.gnorm = upload(L.gnorm);
     }
     if (L.moe) {
       d.router = mat(L.router);
-      for (const FfnWeights& e : L.experts) d.experts.push_back(ffn(e));
+      std::vector<const Mat*> g, u, dn;
+      for (const FfnWeights& e : L.experts) g.push_back(&e.gate), u.push_back(&e.up);
+      for (const FfnWeights& e : L.experts) dn.push_back(&e.down);
+      DevFfn& x = d.experts;
+      upload_stacked(g, &x.gate.dtype, &x.gate.bytes, &x.gate.rows, &x.gate.cols);
+      upload_stacked(u, &x.up.dtype, &x.up.bytes, &x.up.rows, &x.up.cols);
+      upload_stacked(dn, &x.down.dtype, &x.down.bytes, &x.down.rows, &x.down.cols);
+      x.I = L.experts.empty() ? 0 : L.experts[0].gate.rows;
+      if (x.gate.dtype != x.up.dtype || x.gate.dtype != x.down.dtype)
+        return Status::invalid("the CUDA backend needs one dtype for an expert's three matrices");
       d.shared = ffn(L.shared);
       d.shared_gate = mat(Mat{DType::kF32, L.shared_gate.data(), 1, c.hidden_size});
     } else {
@@ -160,14 +239,102 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int devi
     }
     m->layers_.push_back(std::move(d));
   }
-  TF_CUDA_CHECK(cudaDeviceSynchronize());
+  m->finish_init();
   return m;
 }
 
-CudaModel::CudaModel(const Model& host) : host_(host) {}
+Result<std::unique_ptr<CudaModel>> CudaModel::create_dummy(const ModelConfig& c, uint64_t seed,
+                                                           int device) {
+  auto m = std::unique_ptr<CudaModel>(new CudaModel(c));
+  if (Status st = init_device(m.get(), device); !st.is_ok()) return st;
+  const cudaStream_t s = as_stream(m->stream_);
+  const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
+  const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
+  const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim, r = Hv / Hk;
+  // The bytes needed, checked against the free memory first (a Status, not an abort).
+  int64_t need = 2 * c.vocab_size * H * 2;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    need +=
+        c.full_attention[i]
+            ? 2 * H *
+                  (c.num_attention_heads * c.head_dim * 3 + 2 * c.num_key_value_heads * c.head_dim)
+            : 2 * H * (Hk * (2 * Dk + 2 * r * Dv) + Hk * 2 * r + Hv * Dv);
+    need += c.is_moe_layer(i) ? 2 * H * (E + 3 * E * I + 3 * c.shared_expert_intermediate_size)
+                              : 2 * H * 3 * c.intermediate_size;
+  }
+  size_t free_b = 0, total_b = 0;
+  TF_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (static_cast<size_t>(need) + (size_t{2} << 30) > free_b)
+    return Status(StatusCode::kResourceExhausted,
+                  fmt::format("dummy weights need {:.1f} GB, the device has {:.1f} GB free",
+                              static_cast<double>(need) / 1e9, static_cast<double>(free_b) / 1e9));
+  uint64_t tensor = seed * 1000003u;
+  // Uniform with variance 1 / cols (a = sqrt(3 / cols)) keeps activations near unit scale.
+  auto mat = [&](int64_t rows, int64_t cols) {
+    DevMat d;
+    d.dtype = DType::kBF16, d.rows = rows, d.cols = cols;
+    d.bytes = DeviceArray<uint8_t>(static_cast<size_t>(rows * cols * 2));
+    cuda::fill_uniform(DType::kBF16, d.bytes.data(), rows * cols, ++tensor,
+                       std::sqrt(3.0f / static_cast<float>(cols)), 0.0f, s);
+    return d;
+  };
+  auto vec = [&](int64_t n, float scale, float offset) {
+    DeviceArray<float> a(static_cast<size_t>(n));
+    cuda::fill_uniform(DType::kF32, a.data(), n, ++tensor, scale, offset, s);
+    return a;
+  };
+  auto ffn = [&](int64_t inter) {
+    return DevFfn{mat(inter, H), mat(inter, H), mat(H, inter), inter};
+  };
+  m->embed_ = std::make_unique<DevMat>(mat(c.vocab_size, H));
+  cuda::fill_uniform(DType::kBF16, m->embed_->bytes.data(), c.vocab_size * H, ++tensor, 1.0f, 0.0f,
+                     s);
+  m->lm_head_ = std::make_unique<DevMat>(mat(c.vocab_size, H));
+  m->final_norm_ = vec(H, 0.1f, 0.0f);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    DevLayer d;
+    d.full_attention = c.full_attention[i];
+    d.moe = c.is_moe_layer(i);
+    d.input_norm = vec(H, 0.1f, 0.0f);  // zero-centred: scale 1 +- 0.1
+    d.post_norm = vec(H, 0.1f, 0.0f);
+    if (d.full_attention) {
+      const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, D = c.head_dim;
+      d.qkv = mat(nh * 2 * D + 2 * nkv * D, H);
+      d.o_proj = mat(H, nh * D);
+      d.q_norm = vec(D, 0.1f, 0.0f), d.k_norm = vec(D, 0.1f, 0.0f);
+    } else {
+      d.in_proj = mat(Hk * (2 * Dk + 2 * r * Dv) + Hk * 2 * r, H);
+      d.out_proj = mat(H, Hv * Dv);
+      d.conv = vec(c.conv_dim() * c.linear_conv_kernel_dim, 0.5f, 0.0f);
+      d.dt_bias = vec(Hv, 0.5f, 0.0f);
+      d.neg_exp_a = vec(Hv, 3.0f, -4.0f);  // -exp(A_log) in [-7, -1]
+      d.gnorm = vec(Dv, 0.1f, 1.0f);
+    }
+    if (d.moe) {
+      d.router = mat(E, H);
+      d.experts = DevFfn{mat(E * I, H), mat(E * I, H), mat(E * H, I), I};
+      d.shared = ffn(c.shared_expert_intermediate_size);
+      d.shared_gate.dtype = DType::kF32, d.shared_gate.rows = 1, d.shared_gate.cols = H;
+      d.shared_gate.bytes = DeviceArray<uint8_t>(static_cast<size_t>(H * 4));
+      cuda::fill_uniform(DType::kF32, d.shared_gate.bytes.data(), H, ++tensor,
+                         std::sqrt(3.0f / static_cast<float>(H)), 0.0f, s);
+    } else {
+      d.mlp = ffn(c.intermediate_size);
+    }
+    m->layers_.push_back(std::move(d));
+  }
+  m->finish_init();
+  return m;
+}
 
 CudaModel::~CudaModel() {
+  drop_graphs();
   if (stream_) cudaStreamDestroy(as_stream(stream_));
+}
+
+void CudaModel::drop_graphs() {
+  for (auto& [n, g] : graphs_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+  graphs_.clear();
 }
 
 CudaSequenceState CudaModel::new_state() const {
@@ -180,15 +347,50 @@ CudaSequenceState CudaModel::new_state() const {
     const size_t S = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
     s.layers[i].conv = DeviceArray<float>(conv);
     s.layers[i].S = DeviceArray<float>(S);
-    TF_CUDA_CHECK(cudaMemset(s.layers[i].conv.data(), 0, conv * sizeof(float)));
+    if (conv > 0) TF_CUDA_CHECK(cudaMemset(s.layers[i].conv.data(), 0, conv * sizeof(float)));
     TF_CUDA_CHECK(cudaMemset(s.layers[i].S.data(), 0, S * sizeof(float)));
   }
   return s;
 }
 
+namespace {
+// Grows the attention caches of layer `st` to hold `need` positions, keeping rows < keep.
+void grow_cache(CudaSequenceState::Layer& st, int64_t need, int64_t keep, size_t kv_row,
+                cudaStream_t s) {
+  if (need <= st.capacity) return;
+  const int64_t cap = std::max<int64_t>({need, 2 * st.capacity, 256});
+  DeviceArray<float> nk(cap * kv_row), nv(cap * kv_row);
+  if (keep > 0) {
+    TF_CUDA_CHECK(cudaMemcpyAsync(nk.data(), st.k.data(), keep * kv_row * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, s));
+    TF_CUDA_CHECK(cudaMemcpyAsync(nv.data(), st.v.data(), keep * kv_row * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, s));
+  }
+  TF_CUDA_CHECK(cudaStreamSynchronize(s));  // before the old buffers are freed
+  st.k = std::move(nk), st.v = std::move(nv), st.capacity = cap;
+}
+}  // namespace
+
+void CudaModel::reserve(CudaSequenceState* st, int64_t positions) {
+  const ModelConfig& c = config();
+  const size_t kv_row = c.num_key_value_heads * c.head_dim;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    if (c.full_attention[i])
+      grow_cache(st->layers[i], positions, st->n_past, kv_row, as_stream(stream_));
+}
+
+template <class T>
+T* CudaModel::grow_tracked(DeviceArray<T>& a, size_t n) {
+  if (a.size() < n) {
+    a = DeviceArray<T>(std::max(n, a.size() * 2));
+    ++generation_;
+  }
+  return a.data();
+}
+
 float* CudaModel::scratch(int slot, size_t count) {
   if (scratch_.size() <= static_cast<size_t>(slot)) scratch_.resize(slot + 1);
-  return grow(scratch_[slot], count);
+  return grow_tracked(scratch_[slot], count);
 }
 
 namespace {
@@ -198,28 +400,19 @@ enum Slot : int {
   kXn,
   kY,
   kProj,
-  kProj2,
-  kProj3,
   kQ,
   kGate,
   kO,
   kXc,
   kZ,
-  kB,
-  kA,
   kBeta,
   kG,
-  kHist,
-  kConvOut,
   kQq,
-  kKk,
   kVv,
   kRouter,
   kRouteW,
-  kFfnG,
-  kFfnU,
-  kXe,
-  kYe,
+  kFfnH,
+  kExpertOut,
   kShared,
   kSharedGate,
   kRows,
@@ -231,131 +424,204 @@ void matmul(const auto& W, const float* x, int64_t n, float* y, cudaStream_t s) 
 }
 }  // namespace
 
-void CudaModel::forward(std::span<const CudaStepInput> inputs, std::vector<float>* logits) {
+// One step's tables in table_, in 8-byte words: ids int32 [N], rows int32 [R], starts int32
+// [nseq + 1], pos int64 [N], then per attention layer k and v cache pointers [N] each, then per
+// Gated DeltaNet layer conv and S state pointers [nseq] each. Offsets depend on (N, nseq, R) only.
+struct CudaModel::Table {
+  int64_t ids, rows, starts, pos, kc, vc, conv, S, words;
+  int64_t N, nseq;
+  const uint64_t* base;
+  Table(int64_t N_, int64_t nseq_, int64_t R, int64_t n_attn, int64_t n_gdn, const uint64_t* b)
+      : N(N_), nseq(nseq_), base(b) {
+    ids = 0;
+    rows = ids + (N + 1) / 2;
+    starts = rows + (R + 1) / 2;
+    pos = starts + (nseq + 2) / 2;
+    kc = pos + N;
+    vc = kc + n_attn * N;
+    conv = vc + n_attn * N;
+    S = conv + n_gdn * nseq;
+    words = S + n_gdn * nseq;
+  }
+  template <class T>
+  T* at(int64_t off) const {
+    return reinterpret_cast<T*>(const_cast<uint64_t*>(base) + off);
+  }
+};
+
+int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, int64_t* nseq_out) {
   const ModelConfig& c = config();
   const cudaStream_t s = as_stream(stream_);
-  const int64_t H = c.hidden_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  std::vector<int32_t> ids;
-  std::vector<int64_t> pos;
-  for (const auto& in : inputs) {
-    for (size_t t = 0; t < in.tokens.size(); ++t) {
-      ids.push_back(in.tokens[t]);
-      pos.push_back(in.state->n_past + static_cast<int64_t>(t));
-    }
+  int64_t N = 0, R = 0;
+  for (const auto& i : in) {
+    const int64_t T = static_cast<int64_t>(i.tokens.size());
+    N += T;
+    R += T == 0 ? 0 : (i.all_logits ? T : 1);
   }
-  const int64_t N = static_cast<int64_t>(ids.size());
-  if (N == 0) return;
-  int32_t* d_ids = grow(ids_, N);
-  TF_CUDA_CHECK(cudaMemcpyAsync(d_ids, ids.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-  TF_CUDA_CHECK(
-      cudaMemcpyAsync(grow(pos_, N), pos.data(), N * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+  const int64_t nseq = static_cast<int64_t>(in.size());
+  *N_out = N, *nseq_out = nseq;
+  if (N == 0) return 0;
+  const size_t kv_row = c.num_key_value_heads * c.head_dim;
+  for (const auto& i : in)
+    for (int64_t li = 0; li < c.num_hidden_layers; ++li)
+      if (c.full_attention[li])
+        grow_cache(i.state->layers[li], i.state->n_past + static_cast<int64_t>(i.tokens.size()),
+                   i.state->n_past, kv_row, s);
+  Table tb(N, nseq, R, n_attn_, n_gdn_, nullptr);
+  host_table_.assign(tb.words, 0);
+  Table ht(N, nseq, R, n_attn_, n_gdn_, host_table_.data());
+  int32_t* ids = ht.at<int32_t>(ht.ids);
+  int32_t* rows = ht.at<int32_t>(ht.rows);
+  int32_t* starts = ht.at<int32_t>(ht.starts);
+  int64_t* pos = ht.at<int64_t>(ht.pos);
+  int64_t t = 0, r = 0;
+  for (int64_t q = 0; q < nseq; ++q) {
+    const CudaStepInput& i = in[q];
+    const int64_t T = static_cast<int64_t>(i.tokens.size());
+    starts[q] = static_cast<int32_t>(t);
+    for (int64_t u = 0; u < T; ++u) {
+      ids[t + u] = i.tokens[u];
+      pos[t + u] = i.state->n_past + u;
+      if (u == T - 1 || i.all_logits) rows[r++] = static_cast<int32_t>(t + u);
+      for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
+        if (!c.full_attention[li]) continue;
+        host_table_[ht.kc + ordinal_[li] * N + t + u] =
+            reinterpret_cast<uint64_t>(i.state->layers[li].k.data());
+        host_table_[ht.vc + ordinal_[li] * N + t + u] =
+            reinterpret_cast<uint64_t>(i.state->layers[li].v.data());
+      }
+    }
+    for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
+      if (c.full_attention[li]) continue;
+      host_table_[ht.conv + ordinal_[li] * nseq + q] =
+          reinterpret_cast<uint64_t>(i.state->layers[li].conv.data());
+      host_table_[ht.S + ordinal_[li] * nseq + q] =
+          reinterpret_cast<uint64_t>(i.state->layers[li].S.data());
+    }
+    t += T;
+  }
+  starts[nseq] = static_cast<int32_t>(t);
+  uint64_t* d = grow_tracked(table_, host_table_.size());
+  TF_CUDA_CHECK(cudaMemcpyAsync(d, host_table_.data(), host_table_.size() * sizeof(uint64_t),
+                                cudaMemcpyHostToDevice, s));
+  for (const auto& i : in) i.state->n_past += static_cast<int64_t>(i.tokens.size());
+  return R;
+}
+
+void CudaModel::enqueue(int64_t N, int64_t nseq, int64_t R) {
+  const ModelConfig& c = config();
+  const cudaStream_t s = as_stream(stream_);
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const Table tb(N, nseq, R, n_attn_, n_gdn_, table_.data());
   float* x = scratch(kX, N * H);
   float* xn = scratch(kXn, N * H);
   float* y = scratch(kY, N * H);
-  cuda::embed_rows(embed_->dtype, embed_->bytes.data(), H, d_ids, N, x, s);
-
+  cuda::embed_rows(embed_->dtype, embed_->bytes.data(), H, tb.at<int32_t>(tb.ids), N, x, s);
   for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
     const DevLayer& L = layers_[li];
-    cuda::rmsnorm_zc(x, L.input_norm.data(), N, H, eps, xn, s);
+    if (li == 0)
+      cuda::rmsnorm_zc(x, L.input_norm.data(), N, H, eps, xn, s);
+    else  // the previous layer's MLP output joins the residual here
+      cuda::add_rmsnorm_zc(x, y, L.input_norm.data(), N, H, eps, xn, s);
     if (L.full_attention)
-      attention_layer(L, li, inputs, xn, y);
+      attention_layer(L, tb, N, xn, y);
     else
-      deltanet_layer(L, li, inputs, xn, y);
-    cuda::add(x, y, N * H, s);
-    cuda::rmsnorm_zc(x, L.post_norm.data(), N, H, eps, xn, s);
+      deltanet_layer(L, tb, N, nseq, xn, y);
+    cuda::add_rmsnorm_zc(x, y, L.post_norm.data(), N, H, eps, xn, s);
     if (L.moe)
       moe(L, xn, N, y);
     else
       ffn(L.mlp, xn, N, y);
-    cuda::add(x, y, N * H, s);
   }
-
-  // Final norm and lm_head on the rows that want logits.
-  std::vector<int32_t> rows;
-  int64_t row = 0;
-  for (const auto& in : inputs) {
-    const int64_t T = static_cast<int64_t>(in.tokens.size());
-    for (int64_t t = in.all_logits ? 0 : T - 1; t < T && T > 0; ++t)
-      rows.push_back(static_cast<int32_t>(row + t));
-    row += T;
-    in.state->n_past += T;
-  }
-  const int64_t R = static_cast<int64_t>(rows.size()), V = c.vocab_size;
-  int32_t* d_rows = grow(idx_, R);
-  TF_CUDA_CHECK(
-      cudaMemcpyAsync(d_rows, rows.data(), R * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  // Last residual add and the final norm (row-local, so on every row), then the logits rows.
+  cuda::add_rmsnorm_zc(x, y, final_norm_.data(), N, H, eps, xn, s);
   float* h = scratch(kRows, R * H);
-  cuda::gather_rows(x, d_rows, R, H, h, s);
-  cuda::rmsnorm_zc(h, final_norm_.data(), R, H, eps, h, s);
-  float* d_logits = scratch(kLogits, R * V);
-  matmul(*lm_head_, h, R, d_logits, s);
+  cuda::gather_rows(xn, tb.at<int32_t>(tb.rows), R, H, h, s);
+  matmul(*lm_head_, h, R, scratch(kLogits, R * V), s);
+}
+
+int64_t CudaModel::step(std::span<const CudaStepInput> in) {
+  const cudaStream_t s = as_stream(stream_);
+  bool decode = graphs_on_;
+  for (const auto& i : in) decode = decode && i.tokens.size() == 1 && !i.all_logits;
+  int64_t N = 0, nseq = 0;
+  const int64_t R = prepare(in, &N, &nseq);
+  if (N == 0) return 0;
+  if (!decode) {
+    enqueue(N, nseq, R);
+    return R;
+  }
+  if (graphs_gen_ != generation_) drop_graphs(), graphs_gen_ = generation_;
+  for (auto& [n, g] : graphs_) {
+    if (n != N) continue;
+    TF_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), s));
+    return R;
+  }
+  // First decode step of N rows: run it, then capture the same launches for the next ones (the
+  // buffers now have their sizes, so the capture allocates nothing).
+  enqueue(N, nseq, R);
+  if (graphs_gen_ != generation_) drop_graphs(), graphs_gen_ = generation_;
+  cudaGraph_t graph;
+  TF_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  enqueue(N, nseq, R);
+  TF_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  TF_CUDA_REQUIRE(graphs_gen_ == generation_, "a buffer grew while capturing a decode step");
+  cudaGraphExec_t exec;
+  TF_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  TF_CUDA_CHECK(cudaGraphDestroy(graph));
+  graphs_.emplace_back(N, exec);
+  return R;
+}
+
+void CudaModel::forward(std::span<const CudaStepInput> inputs, std::vector<float>* logits) {
+  const cudaStream_t s = as_stream(stream_);
+  const int64_t R = step(inputs), V = config().vocab_size;
+  if (R == 0) return;
   const size_t first = logits->size();
   logits->resize(first + R * V);
-  TF_CUDA_CHECK(cudaMemcpyAsync(logits->data() + first, d_logits, R * V * sizeof(float),
-                                cudaMemcpyDeviceToHost, s));
+  TF_CUDA_CHECK(cudaMemcpyAsync(logits->data() + first, scratch_[kLogits].data(),
+                                R * V * sizeof(float), cudaMemcpyDeviceToHost, s));
   TF_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-void CudaModel::attention_layer(const DevLayer& L, int64_t li, std::span<const CudaStepInput> in,
-                                const float* xn, float* y) {
+void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
+                               std::vector<int32_t>* tokens) {
+  const cudaStream_t s = as_stream(stream_);
+  const int64_t R = step(inputs), V = config().vocab_size;
+  if (R == 0) return;
+  int32_t* d = grow_tracked(argmax_, R);
+  cuda::argmax_rows(scratch_[kLogits].data(), R, V, d, s);
+  const size_t first = tokens->size();
+  tokens->resize(first + R);
+  TF_CUDA_CHECK(
+      cudaMemcpyAsync(tokens->data() + first, d, R * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+  TF_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void CudaModel::attention_layer(const DevLayer& L, const Table& tb, int64_t N, const float* xn,
+                                float* y) {
   const ModelConfig& c = config();
   const cudaStream_t s = as_stream(stream_);
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, D = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  int64_t N = 0;
-  for (const auto& i : in) N += static_cast<int64_t>(i.tokens.size());
-  float* qg = scratch(kProj, N * nh * 2 * D);
-  float* k = scratch(kProj2, N * nkv * D);
-  float* v = scratch(kProj3, N * nkv * D);
-  matmul(L.q_proj, xn, N, qg, s);
-  matmul(L.k_proj, xn, N, k, s);
-  matmul(L.v_proj, xn, N, v, s);
-  // Each head's [query D | gate D] -> q, gate.
+  float* qkv = scratch(kProj, N * L.qkv.rows);
+  matmul(L.qkv, xn, N, qkv, s);
   float* q = scratch(kQ, N * nh * D);
   float* gate = scratch(kGate, N * nh * D);
-  const size_t rowb = D * sizeof(float);
-  TF_CUDA_CHECK(
-      cudaMemcpy2DAsync(q, rowb, qg, 2 * rowb, rowb, N * nh, cudaMemcpyDeviceToDevice, s));
-  TF_CUDA_CHECK(
-      cudaMemcpy2DAsync(gate, rowb, qg + D, 2 * rowb, rowb, N * nh, cudaMemcpyDeviceToDevice, s));
-  cuda::rmsnorm_zc(q, L.q_norm.data(), N * nh, D, eps, q, s);
-  cuda::rmsnorm_zc(k, L.k_norm.data(), N * nkv, D, eps, k, s);
-  cuda::rope_neox(q, N, nh, D, c.rotary_dim(), inv_freq_.data(), pos_.data(), s);
-  cuda::rope_neox(k, N, nkv, D, c.rotary_dim(), inv_freq_.data(), pos_.data(), s);
-
+  const int64_t* pos = tb.at<int64_t>(tb.pos);
+  const int64_t la = ordinal_[&L - layers_.data()];
+  float* const* kc = tb.at<float* const>(tb.kc + la * N);
+  float* const* vc = tb.at<float* const>(tb.vc + la * N);
+  cuda::attn_prep(qkv, N, nh, nkv, D, c.rotary_dim(), L.q_norm.data(), L.k_norm.data(), eps,
+                  inv_freq_.data(), pos, q, gate, kc, vc, s);
   float* o = scratch(kO, N * nh * D);
-  const size_t kv_row = nkv * D;
-  int64_t row = 0;
-  for (const auto& i : in) {
-    const int64_t T = static_cast<int64_t>(i.tokens.size());
-    CudaSequenceState::Layer& st = i.state->layers[li];
-    const int64_t base = i.state->n_past;
-    if (base + T > st.capacity) {  // grow the caches, keeping rows < base
-      const int64_t cap = std::max<int64_t>({base + T, 2 * st.capacity, 256});
-      DeviceArray<float> nk(cap * kv_row), nv(cap * kv_row);
-      if (base > 0) {
-        TF_CUDA_CHECK(cudaMemcpyAsync(nk.data(), st.k.data(), base * kv_row * sizeof(float),
-                                      cudaMemcpyDeviceToDevice, s));
-        TF_CUDA_CHECK(cudaMemcpyAsync(nv.data(), st.v.data(), base * kv_row * sizeof(float),
-                                      cudaMemcpyDeviceToDevice, s));
-      }
-      TF_CUDA_CHECK(cudaStreamSynchronize(s));  // before the old buffers are freed
-      st.k = std::move(nk), st.v = std::move(nv), st.capacity = cap;
-    }
-    TF_CUDA_CHECK(cudaMemcpyAsync(st.k.data() + base * kv_row, k + row * kv_row,
-                                  T * kv_row * sizeof(float), cudaMemcpyDeviceToDevice, s));
-    TF_CUDA_CHECK(cudaMemcpyAsync(st.v.data() + base * kv_row, v + row * kv_row,
-                                  T * kv_row * sizeof(float), cudaMemcpyDeviceToDevice, s));
-    cuda::attention(q + row * nh * D, T, pos_.data() + row, st.k.data(), st.v.data(), nh, nkv, D,
-                    1.0f / std::sqrt(static_cast<float>(D)), o + row * nh * D, s);
-    row += T;
-  }
-  cuda::mul_sigmoid(o, gate, N * nh * D, s);
+  cuda::attention_table(q, N, pos, kc, vc, nh, nkv, D, 1.0f / std::sqrt(static_cast<float>(D)),
+                        gate, o, s);
   matmul(L.o_proj, o, N, y, s);
 }
 
-void CudaModel::deltanet_layer(const DevLayer& L, int64_t li, std::span<const CudaStepInput> in,
+void CudaModel::deltanet_layer(const DevLayer& L, const Table& tb, int64_t N, int64_t nseq,
                                const float* xn, float* y) {
   const ModelConfig& c = config();
   const cudaStream_t s = as_stream(stream_);
@@ -363,125 +629,89 @@ void CudaModel::deltanet_layer(const DevLayer& L, int64_t li, std::span<const Cu
   const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim, r = Hv / Hk;
   const int64_t K = c.linear_conv_kernel_dim, C = c.conv_dim(), kd = Hk * Dk;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  int64_t N = 0;
-  for (const auto& i : in) N += static_cast<int64_t>(i.tokens.size());
-  float* P = scratch(kProj, N * Hk * (2 * Dk + 2 * r * Dv));
-  float* BA = scratch(kProj2, N * Hk * 2 * r);
-  matmul(L.in_qkvz, xn, N, P, s);
-  matmul(L.in_ba, xn, N, BA, s);
+  float* PB = scratch(kProj, N * L.in_proj.rows);
+  matmul(L.in_proj, xn, N, PB, s);
   float* xc = scratch(kXc, N * C);
   float* z = scratch(kZ, N * Hv * Dv);
-  float* b = scratch(kB, N * Hv);
-  float* a = scratch(kA, N * Hv);
-  cuda::split_qkvz(P, BA, N, Hk, Dk, r, Dv, xc, z, b, a, s);
   float* beta = scratch(kBeta, N * Hv);
   float* g = scratch(kG, N * Hv);
-  cuda::gdn_gates(b, a, L.dt_bias.data(), L.neg_exp_a.data(), N, Hv, beta, g, s);
-
-  float* o = scratch(kO, N * Hv * Dv);
-  float* qq = scratch(kQq, N * kd);
-  float* kk = scratch(kKk, N * kd);
+  cuda::split_qkvz_gates(PB, N, Hk, Dk, r, Dv, L.dt_bias.data(), L.neg_exp_a.data(), xc, z, beta, g,
+                         s);
+  float* qq = scratch(kQq, 2 * N * kd);  // q rows, then k rows (one l2norm launch)
+  float* kk = qq + N * kd;
   float* vv = scratch(kVv, N * Hv * Dv);
-  const size_t cb = C * sizeof(float);
-  int64_t row = 0;
-  for (const auto& i : in) {
-    const int64_t T = static_cast<int64_t>(i.tokens.size());
-    CudaSequenceState::Layer& st = i.state->layers[li];
-    // Causal conv over [K-1 history rows | T new rows]; the last K-1 rows become the history.
-    float* hist = scratch(kHist, (K - 1 + T) * C);
-    float* co = scratch(kConvOut, T * C);
-    TF_CUDA_CHECK(cudaMemcpyAsync(hist, st.conv.data(), (K - 1) * cb, cudaMemcpyDeviceToDevice, s));
-    TF_CUDA_CHECK(
-        cudaMemcpyAsync(hist + (K - 1) * C, xc + row * C, T * cb, cudaMemcpyDeviceToDevice, s));
-    cuda::causal_conv_silu(hist, L.conv.data(), T, C, K, co, s);
-    TF_CUDA_CHECK(
-        cudaMemcpyAsync(st.conv.data(), hist + T * C, (K - 1) * cb, cudaMemcpyDeviceToDevice, s));
-    // Conv channels [q | k | v] -> contiguous q, k, v rows.
-    TF_CUDA_CHECK(cudaMemcpy2DAsync(qq + row * kd, kd * sizeof(float), co, cb, kd * sizeof(float),
-                                    T, cudaMemcpyDeviceToDevice, s));
-    TF_CUDA_CHECK(cudaMemcpy2DAsync(kk + row * kd, kd * sizeof(float), co + kd, cb,
-                                    kd * sizeof(float), T, cudaMemcpyDeviceToDevice, s));
-    TF_CUDA_CHECK(cudaMemcpy2DAsync(vv + row * Hv * Dv, Hv * Dv * sizeof(float), co + 2 * kd, cb,
-                                    Hv * Dv * sizeof(float), T, cudaMemcpyDeviceToDevice, s));
-    row += T;
-  }
-  cuda::l2norm_scale(qq, N * Hk, Dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(Dk)), s);
-  cuda::l2norm_scale(kk, N * Hk, Dk, 1e-6f, 1.0f, s);
-  row = 0;
-  for (const auto& i : in) {
-    const int64_t T = static_cast<int64_t>(i.tokens.size());
-    cuda::delta_rule_recurrent(qq + row * kd, kk + row * kd, vv + row * Hv * Dv, g + row * Hv,
-                               beta + row * Hv, T, Hk, Hv, Dk, Dv, i.state->layers[li].S.data(),
-                               o + row * Hv * Dv, s);
-    row += T;
-  }
+  const int64_t lg = ordinal_[&L - layers_.data()];
+  const int32_t* starts = tb.at<int32_t>(tb.starts);
+  cuda::conv_silu_seqs(xc, starts, tb.at<float* const>(tb.conv + lg * nseq), L.conv.data(), nseq, C,
+                       K, kd, qq, kk, vv, s);
+  cuda::l2norm_scale_qk(qq, N * Hk, N * Hk, Dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(Dk)), s);
+  float* o = scratch(kO, N * Hv * Dv);
+  cuda::delta_rule_seqs(qq, kk, vv, g, beta, starts, tb.at<float* const>(tb.S + lg * nseq), nseq,
+                        Hk, Hv, Dk, Dv, o, s);
   cuda::rmsnorm_gated(o, z, L.gnorm.data(), N * Hv, Dv, eps, o, s);
   matmul(L.out_proj, o, N, y, s);
 }
 
 void CudaModel::ffn(const DevFfn& f, const float* x, int64_t N, float* y) {
   const cudaStream_t s = as_stream(stream_);
-  const int64_t I = f.gate.rows;
-  float* g = scratch(kFfnG, N * I);
-  float* u = scratch(kFfnU, N * I);
-  matmul(f.gate, x, N, g, s);
-  matmul(f.up, x, N, u, s);
-  cuda::silu_mul(g, u, N * I, g, s);
-  matmul(f.down, g, N, y, s);
+  const int64_t H = config().hidden_size;
+  for (int64_t t0 = 0; t0 < N; t0 += 65535) {  // the kernels' grid limit
+    const int64_t n = std::min<int64_t>(N - t0, 65535);
+    float* h = scratch(kFfnH, n * f.I);
+    cuda::expert_gate_up(f.gate.dtype, f.gate.bytes.data(), f.up.bytes.data(), f.I, H, nullptr, 1,
+                         x + t0 * H, n, h, s);
+    cuda::expert_down(f.down.dtype, f.down.bytes.data(), H, f.I, nullptr, 1, h, n, y + t0 * H, s);
+  }
 }
 
 void CudaModel::moe(const DevLayer& L, const float* xn, int64_t N, float* y) {
   const ModelConfig& c = config();
   const cudaStream_t s = as_stream(stream_);
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
-  float* logits = scratch(kRouter, N * E);
-  matmul(L.router, xn, N, logits, s);
-  int32_t* d_ex = grow(route_ex_, N * k);
-  float* d_w = scratch(kRouteW, N * k);
-  cuda::route_topk(logits, N, E, k, c.norm_topk_prob, d_ex, d_w, s);
-  std::vector<int32_t> ex(N * k);
-  std::vector<float> wt(N * k);
-  TF_CUDA_CHECK(
-      cudaMemcpyAsync(ex.data(), d_ex, N * k * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
-  TF_CUDA_CHECK(cudaMemcpyAsync(wt.data(), d_w, N * k * sizeof(float), cudaMemcpyDeviceToHost, s));
-  TF_CUDA_CHECK(cudaStreamSynchronize(s));
-  // Per expert, its rows (ascending) and weights, packed expert after expert.
-  std::vector<int32_t> rows;
-  std::vector<float> weights;
-  std::vector<int64_t> begin(E + 1, 0);
-  for (int64_t e = 0; e < E; ++e) {
-    begin[e] = static_cast<int64_t>(rows.size());
-    for (int64_t t = 0; t < N; ++t) {
-      for (int64_t j = 0; j < k; ++j) {
-        if (ex[t * k + j] == e)
-          rows.push_back(static_cast<int32_t>(t)), weights.push_back(wt[t * k + j]);
-      }
-    }
-  }
-  begin[E] = static_cast<int64_t>(rows.size());
-  int32_t* d_rows = grow(route_rows_, rows.size());
-  float* d_rw = grow(route_w_, weights.size());
-  TF_CUDA_CHECK(cudaMemcpyAsync(d_rows, rows.data(), rows.size() * sizeof(int32_t),
-                                cudaMemcpyHostToDevice, s));
-  TF_CUDA_CHECK(cudaMemcpyAsync(d_rw, weights.data(), weights.size() * sizeof(float),
-                                cudaMemcpyHostToDevice, s));
-  // Experts in ascending index order, so each row accumulates its experts in one fixed order.
-  TF_CUDA_CHECK(cudaMemsetAsync(y, 0, N * H * sizeof(float), s));
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = begin[e + 1] - begin[e];
-    if (n == 0) continue;
-    float* xe = scratch(kXe, n * H);
-    float* ye = scratch(kYe, n * H);
-    cuda::gather_rows(xn, d_rows + begin[e], n, H, xe, s);
-    ffn(L.experts[e], xe, n, ye);
-    cuda::scatter_add_scaled(ye, d_rows + begin[e], d_rw + begin[e], n, H, y, s);
-  }
-  // Shared expert, scaled by sigmoid(x . shared_gate) per row.
-  float* sh = scratch(kShared, N * H);
-  ffn(L.shared, xn, N, sh);
+  const DevFfn& X = L.experts;
+  const DevFfn& S = L.shared;
   float* gl = scratch(kSharedGate, N);
   matmul(L.shared_gate, xn, N, gl, s);
-  cuda::add_gated(sh, gl, N, H, y, s);
+  float* logits = scratch(kRouter, N * E);
+  matmul(L.router, xn, N, logits, s);
+  int32_t* ex = grow_tracked(route_ex_, N * k);
+  float* w = scratch(kRouteW, N * k);
+  cuda::route_topk(logits, N, E, k, c.norm_topk_prob, ex, w, s);
+  if (N == 1 && S.I == X.I && S.gate.dtype == X.gate.dtype) {
+    // One token (decode): its k experts are distinct, and the shared expert rides along as slot
+    // k of the same two launches.
+    float* h = scratch(kFfnH, (k + 1) * X.I);
+    float* o = scratch(kExpertOut, (k + 1) * H);
+    cuda::expert_gate_up(X.gate.dtype, X.gate.bytes.data(), X.up.bytes.data(), X.I, H, ex, k, xn, 1,
+                         h, s, S.gate.bytes.data(), S.up.bytes.data());
+    cuda::expert_down(X.down.dtype, X.down.bytes.data(), H, X.I, ex, k, h, 1, o, s,
+                      S.down.bytes.data());
+    cuda::moe_combine(o, ex, w, 1, k, H, nullptr, gl, y, s, /*shared_in_o=*/true);
+    return;
+  }
+  float* sh = scratch(kShared, N * H);
+  ffn(S, xn, N, sh);
+  // Routed experts, in chunks of tokens within the kernels' grid limits (slots = tokens * k).
+  const int64_t chunk = std::max<int64_t>(1, 65535 / k);
+  for (int64_t t0 = 0; t0 < N; t0 += chunk) {
+    const int64_t n = std::min(N - t0, chunk);
+    float* h = scratch(kFfnH, n * k * X.I);
+    float* o = scratch(kExpertOut, n * k * H);
+    if (n == 1) {
+      cuda::expert_gate_up(X.gate.dtype, X.gate.bytes.data(), X.up.bytes.data(), X.I, H,
+                           ex + t0 * k, k, xn + t0 * H, n, h, s);
+      cuda::expert_down(X.down.dtype, X.down.bytes.data(), H, X.I, ex + t0 * k, k, h, n, o, s);
+    } else {  // each expert's weights read once per tile of up to 8 of its slots
+      int32_t* sorted = grow_tracked(route_sorted_, n * k);
+      int32_t* tiles = grow_tracked(route_tiles_, 4 * cuda::moe_max_tiles(n, k, E) + 1);
+      int32_t* n_tiles = tiles + 4 * cuda::moe_max_tiles(n, k, E);
+      cuda::moe_group(ex + t0 * k, n, k, E, sorted, tiles, n_tiles, s);
+      cuda::grouped_experts(X.gate.dtype, X.gate.bytes.data(), X.up.bytes.data(),
+                            X.down.bytes.data(), X.I, H, k, E, n, sorted, tiles, n_tiles,
+                            xn + t0 * H, h, o, s);
+    }
+    cuda::moe_combine(o, ex + t0 * k, w + t0 * k, n, k, H, sh + t0 * H, gl + t0, y + t0 * H, s);
+  }
 }
 
 }  // namespace tf

@@ -1,12 +1,16 @@
 // The qwen3_next forward pass on a CUDA device: the same steps as Model::forward (model.h), with
-// the weights copied to the device once and each sequence's state in device memory.
+// the weights on the device (copied from a loaded Model, or random at the config's real size for
+// benchmarks) and each sequence's state in device memory.
 //
-// A first version, built for correctness: every op is a kernel of src/backends/cuda (batch
-// invariant: a row's result does not depend on the other rows of the step), the Gated DeltaNet
-// runs its exact recurrence for prompts too (split-invariant, so a prompt fed in any pieces gives
-// the same bits), MoE experts run one after another in ascending index order, and each step
-// synchronises once per MoE layer to read the routing. CUDA graphs, fused kernels and tensor-core
-// GEMMs come next (issue 9).
+// A step enqueues its kernels with no host synchronisation until the logits: the MoE routing stays
+// on the device (route_topk, then expert kernels that read the expert ids from device memory),
+// the attention caches and the Gated DeltaNet states are reached through per-step pointer tables
+// (uploaded with the token ids and positions in one copy), so one launch serves every sequence.
+// A decode step (every input one token, last-token logits) of N rows is captured into a CUDA graph
+// on its first run and replayed afterwards (set_graphs). Every kernel is batch invariant (a row's
+// result does not depend on the other rows of the step), the Gated DeltaNet runs its exact
+// recurrence for prompts too (split-invariant), and the experts of a token are summed in ascending
+// index order, as on the CPU.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +43,8 @@ class DeviceArray {
 // One sequence's state on the device (CudaModel::new_state).
 struct CudaSequenceState {
   int64_t n_past = 0;
+  // Layer li's Gated DeltaNet state buffers, or attention caches (capacity grows on demand, or
+  // by CudaModel::reserve up front).
   struct Layer {
     DeviceArray<float> k, v;  // attention: [capacity, n_kv, D] each (rows < n_past are valid)
     int64_t capacity = 0;     // positions the caches hold
@@ -54,42 +60,86 @@ struct CudaStepInput {
   bool all_logits = false;
 };
 
+// Bytes of weights a step reads (for the benchmark's roofline).
+struct CudaWeightBytes {
+  int64_t total = 0;       // every weight on the device
+  int64_t dense = 0;       // read once per step whatever the batch: every non-expert weight of the
+                           // layers (attention, Gated DeltaNet, router, shared expert, norms)
+  int64_t expert = 0;      // one routed expert's gate + up + down
+  int64_t moe_layers = 0;  // layers with routed experts
+  int64_t lm_head = 0;
+  int64_t embed_row = 0;  // one embedding row
+};
+
 class CudaModel {
  public:
   // Copies the weights of `host` to device `device` (bf16 and f32 matrices as they are, f16 ones
   // as f32). kUnavailable when there is no such device, kResourceExhausted when they do not fit.
   static Result<std::unique_ptr<CudaModel>> create(const Model& host, int device = 0);
+  // Random bf16 weights at the config's real size, generated on the device from `seed` (no files,
+  // no host copies): for benchmarks (`--load-format dummy`). kResourceExhausted when they do not
+  // fit in the device's free memory.
+  static Result<std::unique_ptr<CudaModel>> create_dummy(const ModelConfig& config, uint64_t seed,
+                                                         int device = 0);
   ~CudaModel();
 
   CudaSequenceState new_state() const;
+  // Sizes the attention caches of `s` for `positions` positions, so no step has to grow them.
+  void reserve(CudaSequenceState* s, int64_t positions);
   // As Model::forward: appends [vocab] logits rows (host memory) for each input's last token
   // (every token if all_logits) and advances each state.
   void forward(std::span<const CudaStepInput> inputs, std::vector<float>* logits);
-  const ModelConfig& config() const { return host_.config(); }
+  // As forward, but the logits stay on the device: appends each logits row's argmax (ties to the
+  // lower index) to `tokens`. Greedy decoding without moving [vocab] rows to the host.
+  void forward_greedy(std::span<const CudaStepInput> inputs, std::vector<int32_t>* tokens);
+  // Decode steps through CUDA graphs (default on); off: every step launches its kernels.
+  void set_graphs(bool on) { graphs_on_ = on; }
+  const ModelConfig& config() const { return config_; }
+  const CudaWeightBytes& weight_bytes() const { return bytes_; }
 
  private:
   struct DevMat;
   struct DevFfn;
   struct DevLayer;
-  explicit CudaModel(const Model& host);
-  void attention_layer(const DevLayer& L, int64_t li, std::span<const CudaStepInput> in,
-                       const float* xn, float* y);
-  void deltanet_layer(const DevLayer& L, int64_t li, std::span<const CudaStepInput> in,
-                      const float* xn, float* y);
+  struct Table;  // offsets of one step's pointer tables (cuda_model.cpp)
+  explicit CudaModel(const ModelConfig& config);
+  static Status init_device(CudaModel* m, int device);
+  void finish_init();
+  // Host side of a step: grows caches, builds and uploads the tables; returns rows wanting logits.
+  int64_t prepare(std::span<const CudaStepInput> in, int64_t* N, int64_t* nseq);
+  // Device side: every kernel from the embedding to the logits rows (scratch kLogits), on the
+  // stream; depends on the host only through (N, nseq, R), so it can be captured.
+  void enqueue(int64_t N, int64_t nseq, int64_t R);
+  // prepare + enqueue (or a graph replay for decode steps); returns R.
+  int64_t step(std::span<const CudaStepInput> in);
+  void attention_layer(const DevLayer& L, const Table& tb, int64_t N, const float* xn, float* y);
+  void deltanet_layer(const DevLayer& L, const Table& tb, int64_t N, int64_t nseq, const float* xn,
+                      float* y);
   void moe(const DevLayer& L, const float* xn, int64_t N, float* y);
   void ffn(const DevFfn& f, const float* x, int64_t N, float* y);
   float* scratch(int slot, size_t count);
+  template <class T>
+  T* grow_tracked(DeviceArray<T>& a, size_t n);
+  void drop_graphs();
 
-  const Model& host_;
+  ModelConfig config_;
   int device_ = 0;
   void* stream_ = nullptr;  // cudaStream_t
   std::unique_ptr<DevMat> embed_, lm_head_;
   DeviceArray<float> final_norm_, inv_freq_;
   std::vector<DevLayer> layers_;
+  std::vector<int64_t> ordinal_;  // layer -> index among the attention (or Gated DeltaNet) layers
+  int64_t n_attn_ = 0, n_gdn_ = 0;
+  CudaWeightBytes bytes_;
   std::vector<DeviceArray<float>> scratch_;  // grown on demand, one per slot
-  DeviceArray<int32_t> ids_, idx_, route_ex_, route_rows_;
-  DeviceArray<int64_t> pos_;
-  DeviceArray<float> route_w_;
+  DeviceArray<uint64_t> table_;              // the step's tables (8-byte words)
+  std::vector<uint64_t> host_table_;
+  DeviceArray<int32_t> route_ex_, route_sorted_, route_tiles_, argmax_;
+  // Buffers are only ever replaced, never resized in place; each replacement bumps generation_
+  // and drops the graphs (they hold the old addresses).
+  uint64_t generation_ = 0, graphs_gen_ = 0;
+  bool graphs_on_ = true;
+  std::vector<std::pair<int64_t, void*>> graphs_;  // (N, cudaGraphExec_t) of decode steps
 };
 
 }  // namespace tf

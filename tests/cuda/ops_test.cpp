@@ -240,5 +240,349 @@ TEST_F(CudaOps, RouteTopkAndEmbed) {
       EXPECT_EQ(rows[t * dim + d], bf16_to_f32(eb[ids[t] * dim + d]));
 }
 
+std::vector<uint16_t> to_bf16(const std::vector<float>& f) {
+  std::vector<uint16_t> b(f.size());
+  for (size_t i = 0; i < f.size(); ++i) b[i] = f32_to_bf16(f[i]);
+  return b;
+}
+
+// Matmul over 20 rows (three token tiles of 8): every row equals that row alone, bit for bit.
+TEST_F(CudaOps, MatmulTilesAreBatchInvariant) {
+  const int64_t rows = 333, cols = 2056, n = 20;  // cols: 8 full 256-chunks plus a ragged tail
+  const auto w = to_bf16(randn(rows * cols, 30));
+  const auto x = randn(n * cols, 31);
+  Dev<uint16_t> dw(w);
+  Dev<float> dx(x), dy(n * rows);
+  cuda::matmul(DType::kBF16, dw.p, rows, cols, dx.p, n, dy.p, nullptr);
+  const auto y = dy.host();
+  std::vector<float> ref(n * rows);
+  cpu::matmul(cpu::Mat{DType::kBF16, w.data(), rows, cols}, x.data(), n, ref.data(), nullptr);
+  EXPECT_LT(rel_l2(y, ref), 1e-6);
+  for (int64_t t : {0, 7, 8, 13, 19}) {
+    Dev<float> dx1(std::vector<float>(x.begin() + t * cols, x.begin() + (t + 1) * cols)), dy1(rows);
+    cuda::matmul(DType::kBF16, dw.p, rows, cols, dx1.p, 1, dy1.p, nullptr);
+    const auto y1 = dy1.host();
+    EXPECT_EQ(std::memcmp(y1.data(), y.data() + t * rows, rows * sizeof(float)), 0) << "row " << t;
+  }
+}
+
+// The indexed experts against a host reference (fp32 dots, silu, ascending-expert combine plus the
+// gated shared expert): metric relative L2, tolerance 1e-5. Bitwise: the same as the matmul +
+// silu_mul path per slot, and a token's output alone equals it inside the batch.
+TEST_F(CudaOps, IndexedExpertsMatchReferenceAndAreBatchInvariant) {
+  const int64_t E = 16, I = 64, H = 256, n = 5, k = 3;
+  const auto wg = to_bf16(randn(E * I * H, 40)), wu = to_bf16(randn(E * I * H, 41));
+  const auto wd = to_bf16(randn(E * H * I, 42));
+  const auto x = randn(n * H, 43), sh = randn(n * H, 44), gate = randn(n, 45);
+  const std::vector<int32_t> ex = {3, 0, 15, 7, 1, 9, 2, 14, 8, 0, 5, 11, 12, 4, 6};
+  std::vector<float> w(n * k);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f + 0.05f * static_cast<float>(i % 4);
+  Dev<uint16_t> dg(wg), du(wu), dd(wd);
+  Dev<float> dx(x), dsh(sh), dgate(gate), dw(w), dh(n * k * I), dout(n * k * H), dy(n * H);
+  Dev<int32_t> dex(ex);
+  cuda::expert_gate_up(DType::kBF16, dg.p, du.p, I, H, dex.p, k, dx.p, n, dh.p, nullptr);
+  cuda::expert_down(DType::kBF16, dd.p, H, I, dex.p, k, dh.p, n, dout.p, nullptr);
+  cuda::moe_combine(dout.p, dex.p, dw.p, n, k, H, dsh.p, dgate.p, dy.p, nullptr);
+  const auto y = dy.host(), h = dh.host();
+  std::vector<float> ref(n * H);
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int> order(k);
+    for (int j = 0; j < k; ++j) order[j] = j;
+    std::sort(order.begin(), order.end(),
+              [&](int a, int b) { return ex[t * k + a] < ex[t * k + b]; });
+    std::vector<double> acc(H, 0.0);
+    for (int j : order) {
+      const int64_t e = ex[t * k + j];
+      std::vector<float> hh(I);
+      for (int64_t i = 0; i < I; ++i) {
+        double gs = 0, us = 0;
+        for (int64_t c = 0; c < H; ++c) {
+          gs += bf16_to_f32(wg[(e * I + i) * H + c]) * double(x[t * H + c]);
+          us += bf16_to_f32(wu[(e * I + i) * H + c]) * double(x[t * H + c]);
+        }
+        hh[i] = static_cast<float>(gs / (1 + std::exp(-gs)) * us);
+      }
+      for (int64_t d = 0; d < H; ++d) {
+        double o = 0;
+        for (int64_t i = 0; i < I; ++i) o += bf16_to_f32(wd[(e * H + d) * I + i]) * double(hh[i]);
+        acc[d] += w[t * k + j] * o;
+      }
+    }
+    const double gsig = 1 / (1 + std::exp(-double(gate[t])));
+    for (int64_t d = 0; d < H; ++d)
+      ref[t * H + d] = static_cast<float>(acc[d] + gsig * sh[t * H + d]);
+  }
+  EXPECT_LT(rel_l2(y, ref), 1e-5);
+
+  // Grouped by expert (tiles of up to 8 slots of one expert): the same h and o, bit for bit.
+  const int64_t mt = cuda::moe_max_tiles(n, k, E);
+  Dev<int32_t> sorted(n * k), tiles(4 * mt + 1);
+  Dev<float> gh(n * k * I), go(n * k * H);
+  cuda::moe_group(dex.p, n, k, E, sorted.p, tiles.p, tiles.p + 4 * mt, nullptr);
+  cuda::grouped_experts(DType::kBF16, dg.p, du.p, dd.p, I, H, k, E, n, sorted.p, tiles.p,
+                        tiles.p + 4 * mt, dx.p, gh.p, go.p, nullptr);
+  EXPECT_EQ(gh.host(), h);
+  EXPECT_EQ(go.host(), dout.host());
+  // Many slots per expert: 20 tokens all routed to experts 2 and 5 (in either order), 20 slots
+  // each, so tiles of 8, 8 and 4 per expert.
+  {
+    const int64_t n2 = 20, k2 = 2;
+    std::vector<int32_t> ex2(n2 * k2);
+    for (int64_t t = 0; t < n2; ++t)
+      ex2[t * k2] = t % 3 == 0 ? 5 : 2, ex2[t * k2 + 1] = t % 3 == 0 ? 2 : 5;
+    const auto x2 = randn(n2 * H, 46);
+    Dev<int32_t> dex2(ex2), s2(n2 * k2), t2(4 * cuda::moe_max_tiles(n2, k2, E) + 1);
+    Dev<float> dx2(x2), h2(n2 * k2 * I), o2(n2 * k2 * H), hr(n2 * k2 * I), orf(n2 * k2 * H);
+    const int64_t mt2 = cuda::moe_max_tiles(n2, k2, E);
+    cuda::moe_group(dex2.p, n2, k2, E, s2.p, t2.p, t2.p + 4 * mt2, nullptr);
+    cuda::grouped_experts(DType::kBF16, dg.p, du.p, dd.p, I, H, k2, E, n2, s2.p, t2.p,
+                          t2.p + 4 * mt2, dx2.p, h2.p, o2.p, nullptr);
+    cuda::expert_gate_up(DType::kBF16, dg.p, du.p, I, H, dex2.p, k2, dx2.p, n2, hr.p, nullptr);
+    cuda::expert_down(DType::kBF16, dd.p, H, I, dex2.p, k2, hr.p, n2, orf.p, nullptr);
+    EXPECT_EQ(h2.host(), hr.host());
+    EXPECT_EQ(o2.host(), orf.host());
+    const auto tl = t2.host();
+    EXPECT_EQ(tl[4 * mt2], 6);
+  }
+
+  // Slot (t = 2, j = 1) against matmul + silu_mul on its expert's matrices: the same bits.
+  const int64_t slot = 2 * k + 1, e = ex[slot];
+  Dev<float> g1(I), u1(I);
+  Dev<float> x1(std::vector<float>(x.begin() + 2 * H, x.begin() + 3 * H));
+  cuda::matmul(DType::kBF16, dg.p + e * I * H, I, H, x1.p, 1, g1.p, nullptr);
+  cuda::matmul(DType::kBF16, du.p + e * I * H, I, H, x1.p, 1, u1.p, nullptr);
+  cuda::silu_mul(g1.p, u1.p, I, g1.p, nullptr);
+  const auto h1 = g1.host();
+  EXPECT_EQ(std::memcmp(h1.data(), h.data() + slot * I, I * sizeof(float)), 0);
+
+  // Token 3 alone: the same bits as in the batch of 5.
+  Dev<float> xa(std::vector<float>(x.begin() + 3 * H, x.begin() + 4 * H)), ha(k * I), oa(k * H),
+      ya(H);
+  cuda::expert_gate_up(DType::kBF16, dg.p, du.p, I, H, dex.p + 3 * k, k, xa.p, 1, ha.p, nullptr);
+  cuda::expert_down(DType::kBF16, dd.p, H, I, dex.p + 3 * k, k, ha.p, 1, oa.p, nullptr);
+  cuda::moe_combine(oa.p, dex.p + 3 * k, dw.p + 3 * k, 1, k, H, dsh.p + 3 * H, dgate.p + 3, ya.p,
+                    nullptr);
+  const auto y1 = ya.host();
+  EXPECT_EQ(std::memcmp(y1.data(), y.data() + 3 * H, H * sizeof(float)), 0);
+}
+
+// Ties and 512 experts: the lower index wins a tie; experts as a stable sort would pick them.
+TEST_F(CudaOps, RouteTopkTiesAndManyExperts) {
+  const int64_t n = 3, E = 512, k = 10;
+  auto logits = randn(n * E, 50);
+  for (int64_t e = 100; e < 140; ++e) logits[E + e] = 7.0f;  // token 1: 40 tied maxima
+  Dev<float> dl(logits), dw(n * k);
+  Dev<int32_t> de(n * k);
+  cuda::route_topk(dl.p, n, E, k, true, de.p, dw.p, nullptr);
+  const auto ex = de.host();
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int> idx(E);
+    for (int e = 0; e < E; ++e) idx[e] = e;
+    const float* l = &logits[t * E];
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return l[a] > l[b]; });
+    for (int s = 0; s < k; ++s) EXPECT_EQ(ex[t * k + s], idx[s]) << t << " " << s;
+  }
+}
+
+// The batched state ops against the one-sequence ops, bit for bit: two sequences (3 tokens and 1)
+// in one launch each of conv_silu_seqs, delta_rule_seqs, kv_append + attention_table.
+TEST_F(CudaOps, SequenceTablesMatchPerSequenceOps) {
+  const int64_t Hk = 2, Hv = 4, Dk = 32, Dv = 64, kd = Hk * Dk, C = 2 * kd + Hv * Dv, K = 4;
+  const int64_t N = 4;
+  const std::vector<int32_t> starts = {0, 3, 4};
+  const auto xc = randn(N * C, 60), cw = randn(C * K, 61);
+  const auto st0 = randn((K - 1) * C, 62), st1 = randn((K - 1) * C, 63);
+  Dev<float> dxc(xc), dcw(cw), ds0(st0), ds1(st1), dq(N * kd), dk(N * kd), dv(N * Hv * Dv);
+  Dev<int32_t> dstarts(starts);
+  Dev<uint64_t> dtab(
+      std::vector<uint64_t>{reinterpret_cast<uint64_t>(ds0.p), reinterpret_cast<uint64_t>(ds1.p)});
+  cuda::conv_silu_seqs(dxc.p, dstarts.p, reinterpret_cast<float* const*>(dtab.p), dcw.p, 2, C, K,
+                       kd, dq.p, dk.p, dv.p, nullptr);
+  const auto q = dq.host(), kk = dk.host(), v = dv.host(), s0 = ds0.host(), s1 = ds1.host();
+  for (int seq = 0; seq < 2; ++seq) {  // reference: causal_conv_silu on [state | tokens]
+    const int64_t t0 = starts[seq], T = starts[seq + 1] - t0;
+    std::vector<float> in(seq == 0 ? st0 : st1);
+    in.insert(in.end(), xc.begin() + t0 * C, xc.begin() + (t0 + T) * C);
+    Dev<float> din(in), dout(T * C);
+    cuda::causal_conv_silu(din.p, dcw.p, T, C, K, dout.p, nullptr);
+    const auto out = dout.host();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < C; ++c) {
+        const float got = c < kd       ? q[(t0 + t) * kd + c]
+                          : c < 2 * kd ? kk[(t0 + t) * kd + c - kd]
+                                       : v[(t0 + t) * Hv * Dv + c - 2 * kd];
+        ASSERT_EQ(got, out[t * C + c]) << seq << " " << t << " " << c;
+      }
+    const auto& snew = seq == 0 ? s0 : s1;
+    EXPECT_EQ(std::memcmp(snew.data(), in.data() + T * C, (K - 1) * C * sizeof(float)), 0);
+  }
+
+  std::vector<float> g(N * Hv), beta(N * Hv);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = -0.1f * (i % 7), beta[i] = 0.2f + 0.1f * (i % 5);
+  const auto S0 = randn(Hv * Dk * Dv, 64), S1 = randn(Hv * Dk * Dv, 65);
+  Dev<float> dg(g), db(beta), dS0(S0), dS1(S1), dout(N * Hv * Dv);
+  Dev<uint64_t> dSt(
+      std::vector<uint64_t>{reinterpret_cast<uint64_t>(dS0.p), reinterpret_cast<uint64_t>(dS1.p)});
+  cuda::delta_rule_seqs(dq.p, dk.p, dv.p, dg.p, db.p, dstarts.p,
+                        reinterpret_cast<float* const*>(dSt.p), 2, Hk, Hv, Dk, Dv, dout.p, nullptr);
+  Dev<float> rS0(S0), rS1(S1), rout(N * Hv * Dv);
+  cuda::delta_rule_recurrent(dq.p, dk.p, dv.p, dg.p, db.p, 3, Hk, Hv, Dk, Dv, rS0.p, rout.p,
+                             nullptr);
+  cuda::delta_rule_recurrent(dq.p + 3 * kd, dk.p + 3 * kd, dv.p + 3 * Hv * Dv, dg.p + 3 * Hv,
+                             db.p + 3 * Hv, 1, Hk, Hv, Dk, Dv, rS1.p, rout.p + 3 * Hv * Dv,
+                             nullptr);
+  EXPECT_EQ(dout.host(), rout.host());
+  EXPECT_EQ(dS0.host(), rS0.host());
+  EXPECT_EQ(dS1.host(), rS1.host());
+
+  // Attention: sequence A (2 tokens at positions 5, 6 over a 7-row cache) and B (1 token at 2).
+  const int64_t nh = 4, nkv = 2, D = 64, row = nkv * D, cap = 16;
+  const auto cA = randn(cap * row, 66), vA = randn(cap * row, 67);
+  const auto cB = randn(cap * row, 68), vB = randn(cap * row, 69);
+  const auto qa = randn(3 * nh * D, 70), knew = randn(3 * row, 71), vnew = randn(3 * row, 72);
+  const std::vector<int64_t> pos = {5, 6, 2};
+  Dev<float> dcA(cA), dvA(vA), dcB(cB), dvB(vB), dqa(qa), dkn(knew), dvn(vnew), dao(3 * nh * D);
+  Dev<int64_t> dpos(pos);
+  auto u = [](const float* p) { return reinterpret_cast<uint64_t>(p); };
+  Dev<uint64_t> kt(std::vector<uint64_t>{u(dcA.p), u(dcA.p), u(dcB.p)});
+  Dev<uint64_t> vt(std::vector<uint64_t>{u(dvA.p), u(dvA.p), u(dvB.p)});
+  cuda::kv_append(dkn.p, dvn.p, 3, row, dpos.p, reinterpret_cast<float* const*>(kt.p),
+                  reinterpret_cast<float* const*>(vt.p), nullptr);
+  cuda::attention_table(dqa.p, 3, dpos.p, reinterpret_cast<const float* const*>(kt.p),
+                        reinterpret_cast<const float* const*>(vt.p), nh, nkv, D, 0.125f, nullptr,
+                        dao.p, nullptr);
+  std::vector<float> rcA(cA), rvA(vA), rcB(cB), rvB(vB);
+  for (int i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < row; ++j)
+      rcA[pos[i] * row + j] = knew[i * row + j], rvA[pos[i] * row + j] = vnew[i * row + j];
+  for (int64_t j = 0; j < row; ++j)
+    rcB[pos[2] * row + j] = knew[2 * row + j], rvB[pos[2] * row + j] = vnew[2 * row + j];
+  EXPECT_EQ(dcA.host(), rcA);
+  EXPECT_EQ(dvB.host(), rvB);
+  Dev<float> ra(2 * nh * D), rb(nh * D);
+  cuda::attention(dqa.p, 2, dpos.p, dcA.p, dvA.p, nh, nkv, D, 0.125f, ra.p, nullptr);
+  cuda::attention(dqa.p + 2 * nh * D, 1, dpos.p + 2, dcB.p, dvB.p, nh, nkv, D, 0.125f, rb.p,
+                  nullptr);
+  auto all = ra.host();
+  const auto b1 = rb.host();
+  all.insert(all.end(), b1.begin(), b1.end());
+  EXPECT_EQ(dao.host(), all);
+}
+
+// argmax_rows (ties to the lower index) and fill_uniform's range.
+TEST_F(CudaOps, ArgmaxAndFill) {
+  const int64_t n = 3, V = 151936;
+  auto l = randn(n * V, 80);
+  l[0 * V + 151935] = 9.0f;
+  l[1 * V + 77] = 9.0f, l[1 * V + 78] = 9.0f;
+  l[2 * V + 0] = 9.0f;
+  Dev<float> dl(l);
+  Dev<int32_t> out(n);
+  cuda::argmax_rows(dl.p, n, V, out.p, nullptr);
+  EXPECT_EQ(out.host(), (std::vector<int32_t>{151935, 77, 0}));
+
+  Dev<float> f(100000);
+  cuda::fill_uniform(DType::kF32, f.p, 100000, 7, 0.5f, 2.0f, nullptr);
+  const auto fv = f.host();
+  double mean = 0;
+  for (float x : fv) {
+    ASSERT_GE(x, 1.5f);
+    ASSERT_LT(x, 2.5f);
+    mean += x / 100000.0;
+  }
+  EXPECT_NEAR(mean, 2.0, 0.01);
+}
+
+// The fused kernels against the ops they replace, bit for bit: attn_prep (split, q/k norms, rope,
+// cache append), attention_table with the output gate (attention + mul_sigmoid), l2norm_scale_qk
+// (two l2norm_scale), and the shared expert as slot k of the expert kernels (ffn + moe_combine).
+TEST_F(CudaOps, FusedKernelsMatchSeparateOps) {
+  const int64_t n = 3, nh = 4, nkv = 2, D = 64, rd = 16, W = nh * 2 * D + 2 * nkv * D, cap = 8;
+  const auto qkv = randn(n * W, 90), qn = randn(D, 91), kn = randn(D, 92);
+  std::vector<float> inv(rd / 2);
+  for (int64_t i = 0; i < rd / 2; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / rd);
+  const std::vector<int64_t> pos = {0, 5, 7};
+  Dev<float> dqkv(qkv), dqn(qn), dkn(kn), dinv(inv), q(n * nh * D), gate(n * nh * D);
+  Dev<float> kc(cap * nkv * D), vc(cap * nkv * D), kc2(cap * nkv * D), vc2(cap * nkv * D);
+  TF_CUDA_CHECK(cudaMemset(kc.p, 0, kc.n * 4));
+  TF_CUDA_CHECK(cudaMemset(vc.p, 0, vc.n * 4));
+  TF_CUDA_CHECK(cudaMemset(kc2.p, 0, kc.n * 4));
+  TF_CUDA_CHECK(cudaMemset(vc2.p, 0, vc.n * 4));
+  Dev<int64_t> dpos(pos);
+  auto u = [](const float* p) { return reinterpret_cast<uint64_t>(p); };
+  Dev<uint64_t> kt(std::vector<uint64_t>(n, u(kc.p))), vt(std::vector<uint64_t>(n, u(vc.p)));
+  Dev<uint64_t> kt2(std::vector<uint64_t>(n, u(kc2.p))), vt2(std::vector<uint64_t>(n, u(vc2.p)));
+  cuda::attn_prep(dqkv.p, n, nh, nkv, D, rd, dqn.p, dkn.p, 1e-6f, dinv.p, dpos.p, q.p, gate.p,
+                  reinterpret_cast<float* const*>(kt.p), reinterpret_cast<float* const*>(vt.p),
+                  nullptr);
+  // The separate ops: split by copies, norms, ropes, kv_append.
+  Dev<float> q2(n * nh * D), g2(n * nh * D), k2(n * nkv * D), v2(n * nkv * D);
+  const size_t rb = D * 4;
+  for (int64_t t = 0; t < n; ++t) {
+    TF_CUDA_CHECK(cudaMemcpy2D(q2.p + t * nh * D, rb, dqkv.p + t * W, 2 * rb, rb, nh,
+                               cudaMemcpyDeviceToDevice));
+    TF_CUDA_CHECK(cudaMemcpy2D(g2.p + t * nh * D, rb, dqkv.p + t * W + D, 2 * rb, rb, nh,
+                               cudaMemcpyDeviceToDevice));
+    TF_CUDA_CHECK(cudaMemcpy(k2.p + t * nkv * D, dqkv.p + t * W + nh * 2 * D, nkv * rb,
+                             cudaMemcpyDeviceToDevice));
+    TF_CUDA_CHECK(cudaMemcpy(v2.p + t * nkv * D, dqkv.p + t * W + nh * 2 * D + nkv * D, nkv * rb,
+                             cudaMemcpyDeviceToDevice));
+  }
+  cuda::rmsnorm_zc(q2.p, dqn.p, n * nh, D, 1e-6f, q2.p, nullptr);
+  cuda::rmsnorm_zc(k2.p, dkn.p, n * nkv, D, 1e-6f, k2.p, nullptr);
+  cuda::rope_neox(q2.p, n, nh, D, rd, dinv.p, dpos.p, nullptr);
+  cuda::rope_neox(k2.p, n, nkv, D, rd, dinv.p, dpos.p, nullptr);
+  cuda::kv_append(k2.p, v2.p, n, nkv * D, dpos.p, reinterpret_cast<float* const*>(kt2.p),
+                  reinterpret_cast<float* const*>(vt2.p), nullptr);
+  EXPECT_EQ(q.host(), q2.host());
+  EXPECT_EQ(gate.host(), g2.host());
+  EXPECT_EQ(kc.host(), kc2.host());
+  EXPECT_EQ(vc.host(), vc2.host());
+
+  Dev<float> o1(n * nh * D), o2(n * nh * D);
+  cuda::attention_table(q.p, n, dpos.p, reinterpret_cast<const float* const*>(kt.p),
+                        reinterpret_cast<const float* const*>(vt.p), nh, nkv, D, 0.125f, gate.p,
+                        o1.p, nullptr);
+  cuda::attention_table(q.p, n, dpos.p, reinterpret_cast<const float* const*>(kt.p),
+                        reinterpret_cast<const float* const*>(vt.p), nh, nkv, D, 0.125f, nullptr,
+                        o2.p, nullptr);
+  cuda::mul_sigmoid(o2.p, gate.p, n * nh * D, nullptr);
+  EXPECT_EQ(o1.host(), o2.host());
+
+  const auto x = randn(10 * 128, 93);
+  Dev<float> a(x), b1(std::vector<float>(x.begin(), x.begin() + 4 * 128)),
+      b2(std::vector<float>(x.begin() + 4 * 128, x.end()));
+  cuda::l2norm_scale_qk(a.p, 4, 6, 128, 1e-6f, 0.25f, nullptr);
+  cuda::l2norm_scale(b1.p, 4, 128, 1e-6f, 0.25f, nullptr);
+  cuda::l2norm_scale(b2.p, 6, 128, 1e-6f, 1.0f, nullptr);
+  auto ab = b1.host();
+  const auto bb = b2.host();
+  ab.insert(ab.end(), bb.begin(), bb.end());
+  EXPECT_EQ(a.host(), ab);
+
+  const int64_t E = 8, I = 64, H = 128, k = 2;
+  const auto wg = to_bf16(randn(E * I * H, 94)), wu = to_bf16(randn(E * I * H, 95));
+  const auto wd = to_bf16(randn(E * H * I, 96));
+  const auto sg = to_bf16(randn(I * H, 97)), su = to_bf16(randn(I * H, 98));
+  const auto sd = to_bf16(randn(H * I, 99));
+  const auto xe = randn(H, 100), gl = randn(1, 101);
+  const std::vector<int32_t> ex = {6, 1};
+  const std::vector<float> w = {0.7f, 0.3f};
+  Dev<uint16_t> dg(wg), du(wu), dd(wd), dsg(sg), dsu(su), dsd(sd);
+  Dev<float> dx(xe), dgl(gl), dw(w), h(3 * I), o(3 * H), y(H);
+  Dev<int32_t> dex(ex);
+  cuda::expert_gate_up(DType::kBF16, dg.p, du.p, I, H, dex.p, k, dx.p, 1, h.p, nullptr, dsg.p,
+                       dsu.p);
+  cuda::expert_down(DType::kBF16, dd.p, H, I, dex.p, k, h.p, 1, o.p, nullptr, dsd.p);
+  cuda::moe_combine(o.p, dex.p, dw.p, 1, k, H, nullptr, dgl.p, y.p, nullptr, true);
+  Dev<float> h2(2 * I), oo(2 * H), sh_h(I), sh(H), y2(H);
+  cuda::expert_gate_up(DType::kBF16, dg.p, du.p, I, H, dex.p, k, dx.p, 1, h2.p, nullptr);
+  cuda::expert_down(DType::kBF16, dd.p, H, I, dex.p, k, h2.p, 1, oo.p, nullptr);
+  cuda::expert_gate_up(DType::kBF16, dsg.p, dsu.p, I, H, nullptr, 1, dx.p, 1, sh_h.p, nullptr);
+  cuda::expert_down(DType::kBF16, dsd.p, H, I, nullptr, 1, sh_h.p, 1, sh.p, nullptr);
+  cuda::moe_combine(oo.p, dex.p, dw.p, 1, k, H, sh.p, dgl.p, y2.p, nullptr);
+  EXPECT_EQ(y.host(), y2.host());
+}
+
 }  // namespace
 }  // namespace tf

@@ -64,26 +64,542 @@ __device__ __forceinline__ void load8(const float* p, float* out) {
   out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
 }
 
-// One warp per output y[t, r]; kWarpsPerBlock warps per block cover consecutive r of one t.
-constexpr int kWarpsPerBlock = 8;
+// Eight weights kept as loaded (16 bytes of bf16, 32 of f32) until their FMAs: half the registers
+// of eight floats for bf16, so more loads can be in flight.
 template <class W>
-__global__ void matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t cols,
-                              const float* __restrict__ x, float* __restrict__ y) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  const int64_t t = blockIdx.y;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % kWarp;
-  const W* wr = w + r * cols;
-  const float* xt = x + t * cols;
-  float acc = 0, wv[8], xv[8];
-  for (int64_t k = 8 * lane; k < cols; k += 8 * kWarp) {
-    load8(wr + k, wv);
-    load8(xt + k, xv);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc = fmaf(wv[i], xv[i], acc);
+struct Raw8;
+template <>
+struct Raw8<__nv_bfloat16> {
+  uint4 r;
+  __device__ __forceinline__ void load(const __nv_bfloat16* p) {
+    r = *reinterpret_cast<const uint4*>(p);
   }
-  acc = warp_sum(acc);
-  if (lane == 0) y[t * rows + r] = acc;
+  __device__ __forceinline__ float at(int i) const {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r);
+    const float2 f = __bfloat1622float2(h[i / 2]);
+    return i % 2 ? f.y : f.x;
+  }
+};
+template <>
+struct Raw8<float> {
+  float4 a, b;
+  __device__ __forceinline__ void load(const float* p) {
+    a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  }
+  __device__ __forceinline__ float at(int i) const {
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    return v[i];
+  }
+};
+
+// The dots of one weight row `wr` [cols] with kT token rows x + u xs (u < nt), for the calling
+// warp; every lane gets the totals. Lane l sums k = 8 l + 256 j + i in order of j then i (four
+// chunks' weight loads issued before their FMAs, which keeps that order), then the xor tree.
+template <int kT, class W>
+__device__ __forceinline__ void warp_dots(const W* __restrict__ wr, int64_t cols,
+                                          const float* __restrict__ x, int64_t xs, int nt,
+                                          float (&acc)[kT]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int u = 0; u < kT; ++u) acc[u] = 0;
+  constexpr int64_t kStride = 8 * kWarp;
+  int64_t k = 8 * lane;
+  for (; k + 3 * kStride < cols; k += 4 * kStride) {
+    float wv[4][8];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) load8(wr + k + c * kStride, wv[c]);
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      if (u >= nt) break;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float xv[8];
+        load8(x + u * xs + k + c * kStride, xv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[u] = fmaf(wv[c][i], xv[i], acc[u]);
+      }
+    }
+  }
+  for (; k < cols; k += kStride) {
+    float wv[8];
+    load8(wr + k, wv);
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      if (u >= nt) break;
+      float xv[8];
+      load8(x + u * xs + k, xv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[u] = fmaf(wv[i], xv[i], acc[u]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kT; ++u) acc[u] = warp_sum(acc[u]);
+}
+
+// Block (row group, token tile): warp w computes the kMatRows rows from
+// (blockIdx.x * kWarpsPerBlock + w) * kMatRows for the tile's tokens blockIdx.y * kTokTile + u,
+// each x chunk loaded once for the warp's rows. Per (row, token) the sum is warp_dots' (lane l:
+// k = 8 l + 256 j + i in order of j then i, then the xor tree), whatever the tile or the rows.
+constexpr int kWarpsPerBlock = 8;
+constexpr int kTokTile = 8;
+constexpr int kMatRows = 4;
+// kT: tokens per tile, 1 for one-token products (fewer registers, more warps per SM) and
+// kTokTile otherwise; the per-(row, token) arithmetic is the same in both.
+template <class W, int kT>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
+    matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t cols, const float* __restrict__ x,
+                  int64_t n, float* __restrict__ y) {
+  const int64_t r0 =
+      (static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp) * kMatRows;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kT;
+  if (r0 >= rows) return;
+  const int nt = static_cast<int>(n - t0 < kT ? n - t0 : kT);
+  const int nr = static_cast<int>(rows - r0 < kMatRows ? rows - r0 : kMatRows);
+  const int lane = threadIdx.x % kWarp;
+  const float* xt = x + t0 * cols;
+  float acc[kMatRows][kT];
+#pragma unroll
+  for (int q = 0; q < kMatRows; ++q)
+#pragma unroll
+    for (int u = 0; u < kT; ++u) acc[q][u] = 0;
+  constexpr int64_t kStride = 8 * kWarp;
+  int64_t k = 8 * lane;
+  // Two chunks of every row loaded before their FMAs (8 loads of 16 bytes in flight per lane).
+  for (; k + kStride < cols; k += 2 * kStride) {
+    Raw8<W> wv[2][kMatRows];
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int q = 0; q < kMatRows; ++q)
+        if (q < nr) wv[c][q].load(w + (r0 + q) * cols + k + c * kStride);
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      if (u >= nt) break;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float xv[8];
+        load8(xt + u * cols + k + c * kStride, xv);
+#pragma unroll
+        for (int q = 0; q < kMatRows; ++q)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[q][u] = fmaf(wv[c][q].at(i), xv[i], acc[q][u]);
+      }
+    }
+  }
+  for (; k < cols; k += kStride) {
+    Raw8<W> wv[kMatRows];
+#pragma unroll
+    for (int q = 0; q < kMatRows; ++q)
+      if (q < nr) wv[q].load(w + (r0 + q) * cols + k);
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      if (u >= nt) break;
+      float xv[8];
+      load8(xt + u * cols + k, xv);
+#pragma unroll
+      for (int q = 0; q < kMatRows; ++q)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[q][u] = fmaf(wv[q].at(i), xv[i], acc[q][u]);
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < kMatRows; ++q) {
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      if (u >= nt) break;
+      const float v = warp_sum(acc[q][u]);
+      if (lane == 0 && q < nr) y[(t0 + u) * rows + r0 + q] = v;
+    }
+  }
+}
+
+// Block (row group, slot): slot = t kk + j with kk = k (+ 1 when the shared expert's weights
+// sg, su, sd are given: slot j = k is the shared expert), or token t when experts == nullptr;
+// warp w computes row i of the slot's expert for gate and up, then SiLU*mul.
+template <class W>
+__global__ void expert_gate_up_kernel(const W* __restrict__ wg, const W* __restrict__ wu,
+                                      const W* __restrict__ sg, const W* __restrict__ su, int64_t I,
+                                      int64_t H, const int32_t* __restrict__ experts, int64_t k,
+                                      const float* __restrict__ x, float* __restrict__ h) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (i >= I) return;
+  const int64_t kk = sg ? k + 1 : k, slot = blockIdx.y, t = slot / kk, j = slot % kk;
+  const bool sh = sg && j == k;
+  const int64_t e = experts && !sh ? experts[t * k + j] : 0;
+  float g[1], u[1];
+  warp_dots<1>((sh ? sg : wg) + (e * I + i) * H, H, x + t * H, H, 1, g);
+  warp_dots<1>((sh ? su : wu) + (e * I + i) * H, H, x + t * H, H, 1, u);
+  if (threadIdx.x % kWarp == 0) h[slot * I + i] = g[0] / (1.0f + expf(-g[0])) * u[0];
+}
+
+template <class W>
+__global__ void expert_down_kernel(const W* __restrict__ wd, const W* __restrict__ sd, int64_t H,
+                                   int64_t I, const int32_t* __restrict__ experts, int64_t k,
+                                   const float* __restrict__ h, float* __restrict__ o) {
+  const int64_t d = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (d >= H) return;
+  const int64_t kk = sd ? k + 1 : k, slot = blockIdx.y, t = slot / kk, j = slot % kk;
+  const bool sh = sd && j == k;
+  const int64_t e = experts && !sh ? experts[t * k + j] : 0;
+  float acc[1];
+  warp_dots<1>((sh ? sd : wd) + (e * H + d) * I, I, h + slot * I, I, 1, acc);
+  if (threadIdx.x % kWarp == 0) o[slot * H + d] = acc[0];
+}
+
+// warp_dots over kT rows given by pointers (rows u >= nt unused): the same per-row arithmetic.
+template <int kT, class W>
+__device__ __forceinline__ void warp_dots_ptr(const W* __restrict__ wr, int64_t cols,
+                                              const float* const (&x)[kT], int nt,
+                                              float (&acc)[kT]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int u = 0; u < kT; ++u) acc[u] = 0;
+  constexpr int64_t kStride = 8 * kWarp;
+  int64_t k = 8 * lane;
+  for (; k + 3 * kStride < cols; k += 4 * kStride) {
+    float wv[4][8];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) load8(wr + k + c * kStride, wv[c]);
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      if (u >= nt) break;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float xv[8];
+        load8(x[u] + k + c * kStride, xv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[u] = fmaf(wv[c][i], xv[i], acc[u]);
+      }
+    }
+  }
+  for (; k < cols; k += kStride) {
+    float wv[8];
+    load8(wr + k, wv);
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      if (u >= nt) break;
+      float xv[8];
+      load8(x[u] + k, xv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[u] = fmaf(wv[i], xv[i], acc[u]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kT; ++u) acc[u] = warp_sum(acc[u]);
+}
+
+// Groups the n k slots by expert (one block; thread e per expert): sorted [n k] holds the slots
+// of expert 0 in ascending order, then expert 1's, ...; tiles [max_tiles] (expert, begin, count)
+// cover each expert's slots in runs of kTokTile; *n_tiles the number used.
+constexpr int kGroupThreads = 1024;
+__global__ void moe_group_kernel(const int32_t* experts, int64_t slots, int64_t E,
+                                 int32_t* __restrict__ sorted, int4* __restrict__ tiles,
+                                 int32_t* __restrict__ n_tiles) {
+  __shared__ int32_t base[kGroupThreads], tbase[kGroupThreads];
+  __shared__ int32_t ids[4096];  // the slots' experts, when they fit
+  if (slots <= 4096) {
+    for (int64_t i = threadIdx.x; i < slots; i += blockDim.x) ids[i] = experts[i];
+    __syncthreads();
+    experts = ids;
+  }
+  const int per = static_cast<int>((E + kGroupThreads - 1) / kGroupThreads);  // experts per thread
+  const int e0 = threadIdx.x * per;
+  int cnt = 0, tcnt = 0;
+  for (int e = e0; e < e0 + per && e < E; ++e) {
+    int c = 0;
+    for (int64_t s = 0; s < slots; ++s) c += experts[s] == e;
+    cnt += c;
+    tcnt += (c + kTokTile - 1) / kTokTile;
+  }
+  // Exclusive prefix sums of (cnt, tcnt) over the threads: warp scans, then a scan of the warp
+  // totals (integers: any order gives the same sums).
+  __shared__ int32_t wa[kGroupThreads / kWarp], wb[kGroupThreads / kWarp];
+  const int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp;
+  int a = cnt, b = tcnt;
+#pragma unroll
+  for (int o = 1; o < kWarp; o *= 2) {
+    const int na = __shfl_up_sync(0xffffffffu, a, o), nb = __shfl_up_sync(0xffffffffu, b, o);
+    if (lane >= o) a += na, b += nb;
+  }
+  if (lane == kWarp - 1) wa[w] = a, wb[w] = b;
+  __syncthreads();
+  if (w == 0) {
+    int x = wa[lane], y = wb[lane];
+#pragma unroll
+    for (int o = 1; o < kWarp; o *= 2) {
+      const int nx = __shfl_up_sync(0xffffffffu, x, o), ny = __shfl_up_sync(0xffffffffu, y, o);
+      if (lane >= o) x += nx, y += ny;
+    }
+    wa[lane] = x, wb[lane] = y;
+    if (lane == kWarp - 1) *n_tiles = y;
+  }
+  __syncthreads();
+  base[threadIdx.x] = a - cnt + (w > 0 ? wa[w - 1] : 0);
+  tbase[threadIdx.x] = b - tcnt + (w > 0 ? wb[w - 1] : 0);
+  int at = base[threadIdx.x], tile = tbase[threadIdx.x];
+  for (int e = e0; e < e0 + per && e < E; ++e) {
+    const int begin = at;
+    for (int64_t s = 0; s < slots; ++s)
+      if (experts[s] == e) sorted[at++] = static_cast<int32_t>(s);
+    for (int b = begin; b < at; b += kTokTile)
+      tiles[tile++] = make_int4(e, b, at - b < kTokTile ? at - b : kTokTile, 0);
+  }
+}
+
+// Block (row group, tile): the tile's slots (one expert) share each weight load.
+template <class W>
+__global__ void grouped_gate_up_kernel(const W* __restrict__ wg, const W* __restrict__ wu,
+                                       int64_t I, int64_t H, int64_t k,
+                                       const int32_t* __restrict__ sorted,
+                                       const int4* __restrict__ tiles,
+                                       const int32_t* __restrict__ n_tiles,
+                                       const float* __restrict__ x, float* __restrict__ h) {
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (i >= I) return;
+  const int4 tl = tiles[blockIdx.y];
+  const float* xr[kTokTile];
+  int64_t slot[kTokTile];
+#pragma unroll
+  for (int u = 0; u < kTokTile; ++u) {
+    slot[u] = u < tl.z ? sorted[tl.y + u] : 0;
+    xr[u] = x + (slot[u] / k) * H;
+  }
+  // Gate and up rows together: two chunks of each loaded before their FMAs; per (row, slot) the
+  // sums are warp_dots' order.
+  const W* gr = wg + (tl.x * I + i) * H;
+  const W* ur = wu + (tl.x * I + i) * H;
+  const int lane = threadIdx.x % kWarp, nt = tl.z;
+  float g[kTokTile], up[kTokTile];
+#pragma unroll
+  for (int u = 0; u < kTokTile; ++u) g[u] = 0, up[u] = 0;
+  constexpr int64_t kStride = 8 * kWarp;
+  int64_t c = 8 * lane;
+  for (; c + kStride < H; c += 2 * kStride) {
+    Raw8<W> a0, a1, b0, b1;
+    a0.load(gr + c), a1.load(gr + c + kStride), b0.load(ur + c), b1.load(ur + c + kStride);
+#pragma unroll
+    for (int u = 0; u < kTokTile; ++u) {
+      if (u >= nt) break;
+      float x0[8], x1[8];
+      load8(xr[u] + c, x0);
+      load8(xr[u] + c + kStride, x1);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g[u] = fmaf(a0.at(e), x0[e], g[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g[u] = fmaf(a1.at(e), x1[e], g[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) up[u] = fmaf(b0.at(e), x0[e], up[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) up[u] = fmaf(b1.at(e), x1[e], up[u]);
+    }
+  }
+  for (; c < H; c += kStride) {
+    Raw8<W> a0, b0;
+    a0.load(gr + c), b0.load(ur + c);
+#pragma unroll
+    for (int u = 0; u < kTokTile; ++u) {
+      if (u >= nt) break;
+      float x0[8];
+      load8(xr[u] + c, x0);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g[u] = fmaf(a0.at(e), x0[e], g[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) up[u] = fmaf(b0.at(e), x0[e], up[u]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kTokTile; ++u) {
+    if (u >= nt) break;
+    g[u] = warp_sum(g[u]);
+    up[u] = warp_sum(up[u]);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int u = 0; u < kTokTile; ++u)
+      if (u < tl.z) h[slot[u] * I + i] = g[u] / (1.0f + expf(-g[u])) * up[u];
+  }
+}
+
+template <class W>
+__global__ void grouped_down_kernel(const W* __restrict__ wd, int64_t H, int64_t I,
+                                    const int32_t* __restrict__ sorted,
+                                    const int4* __restrict__ tiles,
+                                    const int32_t* __restrict__ n_tiles,
+                                    const float* __restrict__ h, float* __restrict__ o) {
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
+  const int64_t d = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (d >= H) return;
+  const int4 tl = tiles[blockIdx.y];
+  const float* hr[kTokTile];
+  int64_t slot[kTokTile];
+#pragma unroll
+  for (int u = 0; u < kTokTile; ++u) {
+    slot[u] = u < tl.z ? sorted[tl.y + u] : 0;
+    hr[u] = h + slot[u] * I;
+  }
+  float acc[kTokTile];
+  warp_dots_ptr<kTokTile>(wd + (tl.x * H + d) * I, I, hr, tl.z, acc);
+  if (threadIdx.x % kWarp == 0) {
+#pragma unroll
+    for (int u = 0; u < kTokTile; ++u)
+      if (u < tl.z) o[slot[u] * H + d] = acc[u];
+  }
+}
+
+// Block (token, 256 dims); thread 0 orders the k slots by expert index (k <= 64). Slot j of token t
+// is o[t kk + j] (kk = k, or k + 1 with the shared expert's output in slot k when shared_in_o).
+__global__ void moe_combine_kernel(const float* __restrict__ o, const int32_t* __restrict__ experts,
+                                   const float* __restrict__ w, int64_t k, int64_t H,
+                                   const float* __restrict__ shared, bool shared_in_o,
+                                   const float* __restrict__ gate, float* __restrict__ y) {
+  __shared__ int order[64], eid[64];
+  const int64_t t = blockIdx.x, kk = shared_in_o ? k + 1 : k;
+  if (threadIdx.x < k) eid[threadIdx.x] = experts[t * k + threadIdx.x];
+  __syncthreads();
+  __shared__ float wo[64];  // the weights in that order
+  if (threadIdx.x == 0) {
+    for (int j = 0; j < k; ++j) {
+      int p = j;
+      while (p > 0 && eid[order[p - 1]] > eid[j]) {
+        order[p] = order[p - 1];
+        --p;
+      }
+      order[p] = j;
+    }
+    for (int j = 0; j < k; ++j) wo[j] = w[t * k + order[j]];
+  }
+  __syncthreads();
+  const float* sh = shared_in_o ? o + (t * kk + k) * H : shared ? shared + t * H : nullptr;
+  const float gs = sh ? 1.0f / (1.0f + expf(-gate[t])) : 0.0f;
+  const int64_t d = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (d >= H) return;
+  // The sum in ascending expert order; the unrolled body issues its loads before its FMAs.
+  float acc = 0;
+#pragma unroll 16
+  for (int jj = 0; jj < k; ++jj) acc = fmaf(o[(t * kk + order[jj]) * H + d], wo[jj], acc);
+  if (sh) acc = fmaf(gs, sh[d], acc);
+  y[t * H + d] = acc;
+}
+
+// Block (token t, head): heads < n_heads take the query [D] and gate [D] of the stacked
+// projection row qkv[t] = [per head query D | gate D ... | k (n_kv D) | v (n_kv D)], norm the query
+// (rmsnorm_zc_kernel's arithmetic), rotate it (rope_neox_kernel's) into q [t, head] and copy the
+// gate; the other n_kv heads norm and rotate k and write it and v into the caches kc[t] / vc[t]
+// at row pos[t]. kNormThreads threads; D <= 1024.
+__global__ void attn_prep_kernel(const float* __restrict__ qkv, int64_t n_heads, int64_t n_kv,
+                                 int64_t D, int64_t half, const float* __restrict__ q_norm,
+                                 const float* __restrict__ k_norm, float eps,
+                                 const float* __restrict__ inv_freq,
+                                 const int64_t* __restrict__ pos, float* __restrict__ q,
+                                 float* __restrict__ gate, float* const* kc, float* const* vc) {
+  __shared__ float scratch[kNormThreads / kWarp];
+  __shared__ float xs[1024];
+  const int64_t t = blockIdx.x, hh = blockIdx.y;
+  const int64_t W = n_heads * 2 * D + 2 * n_kv * D;
+  const bool is_q = hh < n_heads;
+  const int64_t j = hh - n_heads;  // kv head
+  const float* src = qkv + t * W + (is_q ? hh * 2 * D : n_heads * 2 * D + j * D);
+  const float* w = is_q ? q_norm : k_norm;
+  float ss = 0;
+  for (int64_t d = threadIdx.x; d < D; d += kNormThreads) ss = fmaf(src[d], src[d], ss);
+  ss = block_sum<kNormThreads>(ss, scratch);
+  const float r = rsqrtf(ss / static_cast<float>(D) + eps);
+  for (int64_t d = threadIdx.x; d < D; d += kNormThreads) xs[d] = src[d] * r * (1.0f + w[d]);
+  __syncthreads();
+  float* dst = is_q ? q + (t * n_heads + hh) * D : kc[t] + pos[t] * n_kv * D + j * D;
+  for (int64_t d = threadIdx.x; d < D; d += kNormThreads) {
+    float out = xs[d];
+    if (d < 2 * half) {
+      const int64_t i = d < half ? d : d - half;
+      const float ang = static_cast<float>(pos[t]) * inv_freq[i];
+      float sn, cs;
+      sincosf(ang, &sn, &cs);
+      const float a = xs[i], b = xs[i + half];
+      out = d < half ? a * cs - b * sn : b * cs + a * sn;
+    }
+    dst[d] = out;
+  }
+  if (is_q) {
+    for (int64_t d = threadIdx.x; d < D; d += kNormThreads)
+      gate[(t * n_heads + hh) * D + d] = src[D + d];
+  } else {
+    const float* vs = qkv + t * W + n_heads * 2 * D + n_kv * D + j * D;
+    float* vd = vc[t] + pos[t] * n_kv * D + j * D;
+    for (int64_t d = threadIdx.x; d < D; d += kNormThreads) vd[d] = vs[d];
+  }
+}
+
+// One block per row: x += r, then rmsnorm_zc into xn (rmsnorm_zc_kernel's arithmetic).
+__global__ void add_rmsnorm_zc_kernel(float* __restrict__ x, const float* __restrict__ r,
+                                      const float* __restrict__ w, int64_t dim, float eps,
+                                      float* __restrict__ y) {
+  __shared__ float scratch[kNormThreads / kWarp];
+  float* xr = x + blockIdx.x * dim;
+  const float* rr = r + blockIdx.x * dim;
+  float ss = 0;
+  for (int64_t d = threadIdx.x; d < dim; d += kNormThreads) {
+    const float v = xr[d] + rr[d];
+    xr[d] = v;
+    ss = fmaf(v, v, ss);
+  }
+  ss = block_sum<kNormThreads>(ss, scratch);
+  const float rs = rsqrtf(ss / static_cast<float>(dim) + eps);
+  float* yr = y + blockIdx.x * dim;
+  for (int64_t d = threadIdx.x; d < dim; d += kNormThreads) yr[d] = xr[d] * rs * (1.0f + w[d]);
+}
+
+__global__ void kv_append_kernel(const float* __restrict__ k, const float* __restrict__ v,
+                                 int64_t row, const int64_t* __restrict__ pos, float* const* kc,
+                                 float* const* vc) {
+  const int64_t t = blockIdx.x;
+  float* kd = kc[t] + pos[t] * row;
+  float* vd = vc[t] + pos[t] * row;
+  for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
+    kd[i] = k[t * row + i];
+    vd[i] = v[t * row + i];
+  }
+}
+
+// Block (channel group, sequence): thread c keeps the channel's last K-1 inputs in registers.
+constexpr int kMaxConv = 8;
+__global__ void conv_silu_seqs_kernel(const float* __restrict__ xc,
+                                      const int32_t* __restrict__ starts, float* const* state,
+                                      const float* __restrict__ w, int64_t C, int64_t K, int64_t kd,
+                                      float* __restrict__ q, float* __restrict__ kk,
+                                      float* __restrict__ v) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float* st = state[blockIdx.y];
+  float win[kMaxConv], wc[kMaxConv];
+#pragma unroll
+  for (int j = 0; j < kMaxConv; ++j) {
+    win[j] = j < K - 1 ? st[j * C + c] : 0.0f;
+    wc[j] = j < K ? w[c * K + j] : 0.0f;
+  }
+  const int64_t vd = C - 2 * kd;
+  for (int64_t i = starts[blockIdx.y]; i < starts[blockIdx.y + 1]; ++i) {
+    const float xin = xc[i * C + c];
+    float acc = 0;
+#pragma unroll
+    for (int j = 0; j < kMaxConv; ++j)
+      if (j < K) acc = fmaf(wc[j], j < K - 1 ? win[j] : xin, acc);
+#pragma unroll
+    for (int j = 0; j < kMaxConv - 1; ++j) {
+      if (j < K - 2) win[j] = win[j + 1];
+      if (j == K - 2) win[j] = xin;
+    }
+    const float out = acc / (1.0f + expf(-acc));
+    if (c < kd)
+      q[i * kd + c] = out;
+    else if (c < 2 * kd)
+      kk[i * kd + c - kd] = out;
+    else
+      v[i * vd + c - 2 * kd] = out;
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxConv; ++j)
+    if (j < K - 1) st[j * C + c] = win[j];
 }
 
 __global__ void silu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n,
@@ -140,7 +656,10 @@ __global__ void rmsnorm_gated_kernel(const float* __restrict__ x, const float* _
   }
 }
 
-__global__ void l2norm_scale_kernel(float* __restrict__ x, int64_t dim, float eps, float scale) {
+// Rows < rows_a are scaled by scale, the others by scale_b.
+__global__ void l2norm_scale_kernel(float* __restrict__ x, int64_t dim, float eps, float scale,
+                                    int64_t rows_a, float scale_b) {
+  if (static_cast<int64_t>(blockIdx.x) >= rows_a) scale = scale_b;
   __shared__ float scratch[kNormThreads / kWarp];
   float* xr = x + blockIdx.x * dim;
   float ss = 0;
@@ -160,44 +679,107 @@ __global__ void causal_conv_silu_kernel(const float* __restrict__ in, const floa
   out[i] = acc / (1.0f + expf(-acc));
 }
 
-// Block h, thread j < Dv: column j of head h's state S[h] [Dk, Dv].
+// The gated delta rule for head h and value columns j0 .. j0 + 31 over tokens t0 .. t1 (global
+// token indices), the state Sh [Dk, Dv] held in registers across the tokens: warp w owns rows
+// i = w Dk/4 + m (m < Dk/4) and lane l column j0 + l. Per token, with S decayed in place
+// (S *= exp(g)): kv_j = sum_i S[i, j] k_i, each warp over its rows in ascending i, then the four
+// warp partials added in warp order; d_j = beta (v_j - kv_j); S[i, j] = fmaf(k_i, d_j, S[i, j]);
+// o_j = sum_i S[i, j] q_i in the same order as kv. A fixed order whatever the batch or split.
+constexpr int kDeltaWarps = 4, kDeltaMaxRows = 32;  // Dk <= 128, a multiple of 4
+__device__ __forceinline__ void delta_block(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ g, const float* __restrict__ beta, int64_t t0, int64_t t1, int64_t Hk,
+    int64_t Hv, int64_t Dk, int64_t Dv, int64_t h, int64_t j0, float* __restrict__ Sh,
+    float* __restrict__ out) {
+  __shared__ float red[kDeltaWarps][kWarp];
+  __shared__ float ks[kDeltaWarps * kDeltaMaxRows], qs[kDeltaWarps * kDeltaMaxRows];
+  const int w = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t j = j0 + lane, rows = Dk / kDeltaWarps, i0 = w * rows, r = Hv / Hk;
+  const bool live = j < Dv;
+  float s[kDeltaMaxRows];
+#pragma unroll
+  for (int m = 0; m < kDeltaMaxRows; ++m) s[m] = m < rows && live ? Sh[(i0 + m) * Dv + j] : 0.0f;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* kt = k + (t * Hk + h / r) * Dk;
+    const float* qt = q + (t * Hk + h / r) * Dk;
+    for (int64_t i = threadIdx.x; i < Dk; i += blockDim.x) ks[i] = kt[i], qs[i] = qt[i];
+    const float decay = expf(g[t * Hv + h]), b = beta[t * Hv + h];
+    __syncthreads();
+    float kv = 0;
+#pragma unroll
+    for (int m = 0; m < kDeltaMaxRows; ++m) {
+      if (m < rows) {
+        s[m] *= decay;
+        kv = fmaf(s[m], ks[i0 + m], kv);
+      }
+    }
+    red[w][lane] = kv;
+    __syncthreads();
+    kv = red[0][lane];
+#pragma unroll
+    for (int u = 1; u < kDeltaWarps; ++u) kv += red[u][lane];
+    const float d = b * ((live ? v[(t * Hv + h) * Dv + j] : 0.0f) - kv);
+    float o = 0;
+#pragma unroll
+    for (int m = 0; m < kDeltaMaxRows; ++m) {
+      if (m < rows) {
+        s[m] = fmaf(ks[i0 + m], d, s[m]);
+        o = fmaf(s[m], qs[i0 + m], o);
+      }
+    }
+    __syncthreads();  // every warp has read red, ks, qs
+    red[w][lane] = o;
+    __syncthreads();
+    if (w == 0 && live) {
+      o = red[0][lane];
+#pragma unroll
+      for (int u = 1; u < kDeltaWarps; ++u) o += red[u][lane];
+      out[(t * Hv + h) * Dv + j] = o;
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int m = 0; m < kDeltaMaxRows; ++m)
+    if (m < rows && live) Sh[(i0 + m) * Dv + j] = s[m];
+}
+
+// Block (head h, group of 32 value columns) [, sequence].
 __global__ void delta_rule_recurrent_kernel(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ g, const float* __restrict__ beta, int64_t T, int64_t Hk, int64_t Hv,
     int64_t Dk, int64_t Dv, float* __restrict__ S, float* __restrict__ out) {
-  const int64_t h = blockIdx.x, r = Hv / Hk;
-  float* Sh = S + h * Dk * Dv;
-  for (int64_t j = threadIdx.x; j < Dv; j += blockDim.x) {
-    for (int64_t t = 0; t < T; ++t) {
-      const float* qt = q + (t * Hk + h / r) * Dk;
-      const float* kt = k + (t * Hk + h / r) * Dk;
-      const float decay = expf(g[t * Hv + h]), b = beta[t * Hv + h];
-      float kv = 0;
-      for (int64_t i = 0; i < Dk; ++i) kv = fmaf(Sh[i * Dv + j] * decay, kt[i], kv);
-      const float d = b * (v[(t * Hv + h) * Dv + j] - kv);
-      float o = 0;
-      for (int64_t i = 0; i < Dk; ++i) {
-        const float s = fmaf(kt[i], d, Sh[i * Dv + j] * decay);
-        Sh[i * Dv + j] = s;
-        o = fmaf(s, qt[i], o);
-      }
-      out[(t * Hv + h) * Dv + j] = o;
-    }
-  }
+  const int64_t groups = (Dv + kWarp - 1) / kWarp;
+  const int64_t h = blockIdx.x / groups, j0 = (blockIdx.x % groups) * kWarp;
+  delta_block(q, k, v, g, beta, 0, T, Hk, Hv, Dk, Dv, h, j0, S + h * Dk * Dv, out);
+}
+__global__ void delta_rule_seqs_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                                       const float* __restrict__ v, const float* __restrict__ g,
+                                       const float* __restrict__ beta,
+                                       const int32_t* __restrict__ starts, float* const* S,
+                                       int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                                       float* __restrict__ out) {
+  const int64_t groups = (Dv + kWarp - 1) / kWarp;
+  const int64_t h = blockIdx.x / groups, j0 = (blockIdx.x % groups) * kWarp;
+  delta_block(q, k, v, g, beta, starts[blockIdx.y], starts[blockIdx.y + 1], Hk, Hv, Dk, Dv, h, j0,
+              S[blockIdx.y] + h * Dk * Dv, out);
 }
 
 // Block (t, head): thread l scores key tile0 + l; then every thread d < D accumulates
 // sum_j p_j v[j, d] over the tile's keys in order, rescaled when the running max grows.
 constexpr int kAttnTile = 128;
+// The caches are kc0 / vc0, or per token kt[t] / vt[t] when the tables are given.
 __global__ void attention_kernel(const float* __restrict__ q, const int64_t* __restrict__ pos,
-                                 const float* __restrict__ kc, const float* __restrict__ vc,
-                                 int64_t n_heads, int64_t n_kv, int64_t D, float scale,
+                                 const float* kc0, const float* vc0, const float* const* kt,
+                                 const float* const* vt, int64_t n_heads, int64_t n_kv, int64_t D,
+                                 float scale, const float* __restrict__ gate,
                                  float* __restrict__ out) {
   extern __shared__ float smem[];  // q [D] | p [kAttnTile] | reduce scratch [kAttnTile / 32]
   float* qs = smem;
   float* p = smem + D;
   float* scratch = p + kAttnTile;
   const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads, kvh = h / (n_heads / n_kv);
+  const float* __restrict__ kc = kt ? kt[t] : kc0;
+  const float* __restrict__ vc = vt ? vt[t] : vc0;
   const float* qv = q + (t * n_heads + h) * D;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) qs[d] = qv[d];
   __syncthreads();
@@ -205,14 +787,32 @@ __global__ void attention_kernel(const float* __restrict__ q, const int64_t* __r
   float m = -INFINITY, sum = 0;
   float acc[4] = {0, 0, 0, 0};  // dims threadIdx.x + 128 u, D <= 512
   for (int64_t tile = 0; tile < L; tile += kAttnTile) {
+    // Scores: warp w takes keys tile + 32 w + u (u < 32), four at a time: lanes 8 g .. 8 g + 7
+    // dot key u + g, lane 8 g + s summing dims s + 8 m in ascending m, then a xor tree over the
+    // 8 lanes; lane u keeps key u's score.
     const int64_t j = tile + threadIdx.x;
+    const int lane = threadIdx.x % kWarp, grp = lane / 8, sub = lane % 8;
+    const int64_t wbase = tile + threadIdx.x - lane;
     float sc = -INFINITY;
-    if (j < L) {
-      const float* kj = kc + (j * n_kv + kvh) * D;
+#pragma unroll 2
+    for (int u = 0; u < kWarp; u += 4) {
+      if (wbase + u >= L) break;  // warp-uniform
+      const int64_t ju = wbase + u + grp;
       float dot = 0;
-      for (int64_t d = 0; d < D; ++d) dot = fmaf(qs[d], kj[d], dot);
-      sc = dot * scale;
+      if (ju < L) {
+        const float* kj = kc + (ju * n_kv + kvh) * D;
+#pragma unroll 8
+        for (int64_t d = sub; d < D; d += 8) dot = fmaf(qs[d], kj[d], dot);
+      }
+#pragma unroll
+      for (int o = 4; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        const float v = __shfl_sync(0xffffffffu, dot, 8 * g);
+        if (lane == u + g) sc = v * scale;
+      }
     }
+    if (j >= L) sc = -INFINITY;
     // Tile max by a fixed tree.
     float tm = sc;
 #pragma unroll
@@ -234,6 +834,7 @@ __global__ void attention_kernel(const float* __restrict__ q, const int64_t* __r
       const int64_t d = threadIdx.x + u * kAttnTile;
       if (d >= D) continue;
       float a = acc[u] * rescale;
+#pragma unroll 8
       for (int64_t jj = 0; jj < n; ++jj) a = fmaf(p[jj], vc[((tile + jj) * n_kv + kvh) * D + d], a);
       acc[u] = a;
     }
@@ -244,38 +845,118 @@ __global__ void attention_kernel(const float* __restrict__ q, const int64_t* __r
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
     const int64_t d = threadIdx.x + u * kAttnTile;
-    if (d < D) o[d] = acc[u] / sum;
+    if (d >= D) continue;
+    const float a = acc[u] / sum;
+    // The output gate: o * sigmoid(gate) (mul_sigmoid_kernel's arithmetic).
+    o[d] = gate ? a * (1.0f / (1.0f + expf(-gate[(t * n_heads + h) * D + d]))) : a;
   }
 }
 
-// One thread per token.
+// One warp per token (4 per block); lane l holds logits e = l + 32 m for m < 16 in registers
+// (the rest, E > 512, read again from memory).
+constexpr int kRouteRegs = 16;
 __global__ void route_topk_kernel(const float* __restrict__ logits, int64_t n, int64_t E, int64_t k,
                                   bool renorm, int32_t* __restrict__ experts,
                                   float* __restrict__ weights) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= n) return;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / kWarp;
+  if (t >= n) return;  // whole warps
+  const int lane = threadIdx.x % kWarp;
   const float* l = logits + t * E;
-  float m = -INFINITY;
-  for (int64_t e = 0; e < E; ++e) m = fmaxf(m, l[e]);
-  float sum = 0;
-  for (int64_t e = 0; e < E; ++e) sum += expf(l[e] - m);
-  int32_t* ex = experts + t * k;
-  float* wt = weights + t * k;
-  float wsum = 0;
-  for (int64_t s = 0; s < k; ++s) {
-    int32_t best = -1;
-    float bv = -INFINITY;
-    for (int64_t e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int64_t u = 0; u < s; ++u) taken = taken || ex[u] == e;
-      if (!taken && (best < 0 || l[e] > bv)) best = static_cast<int32_t>(e), bv = l[e];
-    }
-    ex[s] = best;
-    wt[s] = expf(bv - m) / sum;
-    wsum += wt[s];
+  float lv[kRouteRegs];
+#pragma unroll
+  for (int m = 0; m < kRouteRegs; ++m) {
+    const int64_t e = lane + kWarp * m;
+    lv[m] = e < E ? l[e] : -INFINITY;
   }
-  if (renorm)
-    for (int64_t s = 0; s < k; ++s) wt[s] /= wsum;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int m = 0; m < kRouteRegs; ++m) mx = fmaxf(mx, lv[m]);
+  for (int64_t e = lane + kWarp * kRouteRegs; e < E; e += kWarp) mx = fmaxf(mx, l[e]);
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0;
+#pragma unroll
+  for (int m = 0; m < kRouteRegs; ++m)
+    if (lane + kWarp * m < E) sum += expf(lv[m] - mx);
+  for (int64_t e = lane + kWarp * kRouteRegs; e < E; e += kWarp) sum += expf(l[e] - mx);
+  sum = warp_sum(sum);
+  int32_t* ex = experts + t * k;
+  float* wt = weights + t * k;  // k <= 64
+  float pv = INFINITY, wsum = 0, p0 = 0, p1 = 0;
+  int pi = -1, i0 = 0, i1 = 0;
+  for (int64_t s = 0; s < k; ++s) {
+    float bv = -INFINITY;
+    int bi = -1;
+    auto consider = [&](float x, int e) {
+      const bool below = x < pv || (x == pv && e > pi);
+      if (below && (bi < 0 || x > bv)) bv = x, bi = e;
+    };
+#pragma unroll
+    for (int m = 0; m < kRouteRegs; ++m)
+      if (lane + kWarp * m < E) consider(lv[m], lane + kWarp * m);
+    for (int64_t e = lane + kWarp * kRouteRegs; e < E; e += kWarp)
+      consider(l[e], static_cast<int>(e));
+    // The warp's largest value (floats mapped to order-preserving unsigned keys), then the lowest
+    // index holding it: two warp reductions.
+    const unsigned bits = __float_as_uint(bv);
+    const unsigned key = bi < 0 ? 0u : (bits & 0x80000000u ? ~bits : bits | 0x80000000u);
+    const unsigned top = __reduce_max_sync(0xffffffffu, key);
+    bi = static_cast<int>(__reduce_min_sync(
+        0xffffffffu, key == top && bi >= 0 ? static_cast<unsigned>(bi) : 0xffffffffu));
+    bv = __shfl_sync(0xffffffffu, bv, bi % kWarp);  // expert bi lives in lane bi % 32
+    pv = bv, pi = bi;
+    const float p = expf(bv - mx) / sum;
+    wsum += p;
+    if (lane == s % kWarp) (s < kWarp ? p0 : p1) = p, (s < kWarp ? i0 : i1) = bi;
+  }
+  // Lane l writes picks l and l + 32 (the weights renormalised over the k).
+  if (lane < k) ex[lane] = i0, wt[lane] = renorm ? p0 / wsum : p0;
+  if (lane + kWarp < k) ex[lane + kWarp] = i1, wt[lane + kWarp] = renorm ? p1 / wsum : p1;
+}
+
+// One block per row; ties to the lower index.
+__global__ void argmax_rows_kernel(const float* __restrict__ logits, int64_t V,
+                                   int32_t* __restrict__ out) {
+  __shared__ float sv[256];
+  __shared__ int si[256];
+  const float* l = logits + blockIdx.x * V;
+  float bv = -INFINITY;
+  int bi = -1;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x)
+    if (bi < 0 || l[i] > bv) bv = l[i], bi = static_cast<int>(i);
+  sv[threadIdx.x] = bv, si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o /= 2) {
+    if (threadIdx.x < o) {
+      const float ov = sv[threadIdx.x + o];
+      const int oi = si[threadIdx.x + o];
+      if (oi >= 0 && (si[threadIdx.x] < 0 || ov > sv[threadIdx.x] ||
+                      (ov == sv[threadIdx.x] && oi < si[threadIdx.x])))
+        sv[threadIdx.x] = ov, si[threadIdx.x] = oi;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = si[0];
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+template <class T>
+__global__ void fill_uniform_kernel(T* __restrict__ p, int64_t n, uint64_t seed, float scale,
+                                    float offset) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t z = mix64(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i));
+    const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    const float x = (2.0f * u - 1.0f) * scale + offset;
+    if constexpr (sizeof(T) == 2)
+      p[i] = __float2bfloat16(x);
+    else
+      p[i] = x;
+  }
 }
 
 __global__ void mul_sigmoid_kernel(float* __restrict__ x, const float* __restrict__ gate,
@@ -315,6 +996,38 @@ __global__ void split_qkvz_kernel(const float* __restrict__ P, const float* __re
       b[t * Hv + grp * r + o] = x;
     else
       a[t * Hv + grp * r + o - r] = x;
+  }
+}
+
+// split_qkvz and gdn_gates in one pass over PB [n, Hk G + Hk 2r] (the stacked in_qkvz | in_ba
+// projection): the same values as the two kernels.
+// Block (token t, k-head group).
+__global__ void split_qkvz_gates_kernel(const float* __restrict__ PB, int64_t Hk, int64_t Dk,
+                                        int64_t r, int64_t Dv, const float* __restrict__ dt_bias,
+                                        const float* __restrict__ neg_exp_a, float* __restrict__ xc,
+                                        float* __restrict__ z, float* __restrict__ beta,
+                                        float* __restrict__ g) {
+  const int64_t t = blockIdx.x, grp = blockIdx.y, G = 2 * Dk + 2 * r * Dv, kd = Hk * Dk;
+  const int64_t Hv = Hk * r, C = 2 * kd + Hv * Dv, W = Hk * G + Hk * 2 * r;
+  const float* P = PB + t * W + grp * G;
+  for (int64_t o = threadIdx.x; o < G; o += blockDim.x) {
+    const float x = P[o];
+    if (o < Dk)
+      xc[t * C + grp * Dk + o] = x;
+    else if (o < 2 * Dk)
+      xc[t * C + kd + grp * Dk + o - Dk] = x;
+    else if (o < 2 * Dk + r * Dv)
+      xc[t * C + 2 * kd + grp * r * Dv + o - 2 * Dk] = x;
+    else
+      z[(t * Hv + grp * r) * Dv + o - 2 * Dk - r * Dv] = x;
+  }
+  const float* BA = PB + t * W + Hk * G + grp * 2 * r;
+  for (int64_t o = threadIdx.x; o < r; o += blockDim.x) {
+    const int64_t i = grp * r + o;
+    const float b = BA[o], a = BA[r + o];
+    beta[t * Hv + i] = 1.0f / (1.0f + expf(-b));
+    const float x = a + dt_bias[i];
+    g[t * Hv + i] = neg_exp_a[i] * (x > 20.0f ? x : log1pf(expf(x)));
   }
 }
 
@@ -371,22 +1084,222 @@ void rmsnorm_zc(const float* x, const float* w, int64_t n, int64_t dim, float ep
 void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n,
             float* y, cudaStream_t stream) {
   TF_CUDA_REQUIRE(cols % 8 == 0, "matmul: cols must be a multiple of 8");
-  TF_CUDA_REQUIRE(n <= 65535, "matmul: more than 65535 rows in one launch");
+  TF_CUDA_REQUIRE(n <= 65535 * int64_t{kTokTile}, "matmul: too many rows in one launch");
   if (n == 0 || rows == 0) return;
-  const dim3 grid(static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock),
-                  static_cast<unsigned>(n));
-  const unsigned threads = kWarpsPerBlock * kWarp;
+  // Warps per block: 8, or fewer when that leaves under ~2 blocks per SM of an H200 (132 SMs)
+  // for a one-tile product; the launch shape never changes a row's arithmetic.
+  const int64_t warps_needed = (rows + kMatRows - 1) / kMatRows;
+  const int64_t wpb =
+      n > kTokTile ? kWarpsPerBlock : std::clamp<int64_t>(warps_needed / 264, 1, kWarpsPerBlock);
+  const int64_t per_block = wpb * kMatRows;
+  const dim3 grid(static_cast<unsigned>((rows + per_block - 1) / per_block),
+                  static_cast<unsigned>((n + kTokTile - 1) / kTokTile));
+  const unsigned threads = static_cast<unsigned>(wpb * kWarp);
+  const bool one = n == 1;
   switch (wtype) {
-    case DType::kBF16:
-      matmul_kernel<<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(w), rows, cols,
-                                                  x, y);
+    case DType::kBF16: {
+      const auto* wb = static_cast<const __nv_bfloat16*>(w);
+      if (one)
+        matmul_kernel<__nv_bfloat16, 1><<<grid, threads, 0, stream>>>(wb, rows, cols, x, n, y);
+      else
+        matmul_kernel<__nv_bfloat16, kTokTile>
+            <<<grid, threads, 0, stream>>>(wb, rows, cols, x, n, y);
       break;
-    case DType::kF32:
-      matmul_kernel<<<grid, threads, 0, stream>>>(static_cast<const float*>(w), rows, cols, x, y);
+    }
+    case DType::kF32: {
+      const auto* wf = static_cast<const float*>(w);
+      if (one)
+        matmul_kernel<float, 1><<<grid, threads, 0, stream>>>(wf, rows, cols, x, n, y);
+      else
+        matmul_kernel<float, kTokTile><<<grid, threads, 0, stream>>>(wf, rows, cols, x, n, y);
       break;
+    }
     default:
       TF_CUDA_REQUIRE(false, "matmul: weight dtype not supported on CUDA (bf16, f32)");
   }
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void expert_gate_up(DType wtype, const void* wg, const void* wu, int64_t I, int64_t H,
+                    const int32_t* experts, int64_t k, const float* x, int64_t n, float* h,
+                    cudaStream_t stream, const void* shared_g, const void* shared_u) {
+  TF_CUDA_REQUIRE(H % 8 == 0, "expert_gate_up: H must be a multiple of 8");
+  if (!experts) k = 1, shared_g = shared_u = nullptr;
+  const int64_t kk = shared_g ? k + 1 : k;
+  TF_CUDA_REQUIRE(n * kk <= 65535, "expert_gate_up: too many slots in one launch");
+  if (n == 0 || I == 0) return;
+  const dim3 grid(static_cast<unsigned>((I + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                  static_cast<unsigned>(n * kk));
+  const unsigned threads = kWarpsPerBlock * kWarp;
+  if (wtype == DType::kBF16) {
+    using B = __nv_bfloat16;
+    expert_gate_up_kernel<<<grid, threads, 0, stream>>>(
+        static_cast<const B*>(wg), static_cast<const B*>(wu), static_cast<const B*>(shared_g),
+        static_cast<const B*>(shared_u), I, H, experts, k, x, h);
+  } else if (wtype == DType::kF32) {
+    expert_gate_up_kernel<<<grid, threads, 0, stream>>>(
+        static_cast<const float*>(wg), static_cast<const float*>(wu),
+        static_cast<const float*>(shared_g), static_cast<const float*>(shared_u), I, H, experts, k,
+        x, h);
+  } else {
+    TF_CUDA_REQUIRE(false, "expert_gate_up: bf16 or f32 weights");
+  }
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void expert_down(DType wtype, const void* wd, int64_t H, int64_t I, const int32_t* experts,
+                 int64_t k, const float* h, int64_t n, float* o, cudaStream_t stream,
+                 const void* shared_d) {
+  TF_CUDA_REQUIRE(I % 8 == 0, "expert_down: I must be a multiple of 8");
+  if (!experts) k = 1, shared_d = nullptr;
+  const int64_t kk = shared_d ? k + 1 : k;
+  TF_CUDA_REQUIRE(n * kk <= 65535, "expert_down: too many slots in one launch");
+  if (n == 0 || H == 0) return;
+  const dim3 grid(static_cast<unsigned>((H + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                  static_cast<unsigned>(n * kk));
+  const unsigned threads = kWarpsPerBlock * kWarp;
+  if (wtype == DType::kBF16)
+    expert_down_kernel<<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(wd),
+                                                     static_cast<const __nv_bfloat16*>(shared_d), H,
+                                                     I, experts, k, h, o);
+  else if (wtype == DType::kF32)
+    expert_down_kernel<<<grid, threads, 0, stream>>>(
+        static_cast<const float*>(wd), static_cast<const float*>(shared_d), H, I, experts, k, h, o);
+  else
+    TF_CUDA_REQUIRE(false, "expert_down: bf16 or f32 weights");
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+int64_t moe_max_tiles(int64_t n, int64_t k, int64_t E) {
+  return (n * k + kTokTile - 1) / kTokTile + std::min(E, n * k);
+}
+
+void moe_group(const int32_t* experts, int64_t n, int64_t k, int64_t E, int32_t* sorted,
+               void* tiles, int32_t* n_tiles, cudaStream_t stream) {
+  if (n == 0) return;
+  moe_group_kernel<<<1, kGroupThreads, 0, stream>>>(experts, n * k, E, sorted,
+                                                    static_cast<int4*>(tiles), n_tiles);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd, int64_t I,
+                     int64_t H, int64_t k, int64_t E, int64_t n, const int32_t* sorted,
+                     const void* tiles, const int32_t* n_tiles, const float* x, float* h, float* o,
+                     cudaStream_t stream) {
+  TF_CUDA_REQUIRE(H % 8 == 0 && I % 8 == 0, "grouped_experts: H and I multiples of 8");
+  const int64_t mt = moe_max_tiles(n, k, E);
+  TF_CUDA_REQUIRE(mt <= 65535, "grouped_experts: too many tiles in one launch");
+  if (n == 0) return;
+  const unsigned threads = kWarpsPerBlock * kWarp;
+  const dim3 g1(static_cast<unsigned>((I + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                static_cast<unsigned>(mt));
+  const dim3 g2(static_cast<unsigned>((H + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                static_cast<unsigned>(mt));
+  const int4* tl = static_cast<const int4*>(tiles);
+  if (wtype == DType::kBF16) {
+    using B = __nv_bfloat16;
+    grouped_gate_up_kernel<<<g1, threads, 0, stream>>>(
+        static_cast<const B*>(wg), static_cast<const B*>(wu), I, H, k, sorted, tl, n_tiles, x, h);
+    grouped_down_kernel<<<g2, threads, 0, stream>>>(static_cast<const B*>(wd), H, I, sorted, tl,
+                                                    n_tiles, h, o);
+  } else if (wtype == DType::kF32) {
+    grouped_gate_up_kernel<<<g1, threads, 0, stream>>>(static_cast<const float*>(wg),
+                                                       static_cast<const float*>(wu), I, H, k,
+                                                       sorted, tl, n_tiles, x, h);
+    grouped_down_kernel<<<g2, threads, 0, stream>>>(static_cast<const float*>(wd), H, I, sorted, tl,
+                                                    n_tiles, h, o);
+  } else {
+    TF_CUDA_REQUIRE(false, "grouped_experts: bf16 or f32 weights");
+  }
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t n, int64_t k,
+                 int64_t H, const float* shared, const float* gate, float* y, cudaStream_t stream,
+                 bool shared_in_o) {
+  TF_CUDA_REQUIRE(k <= 64, "moe_combine: at most 64 experts per token");
+  if (n == 0) return;
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((H + 255) / 256));
+  moe_combine_kernel<<<grid, 256, 0, stream>>>(o, experts, w, k, H, shared, shared_in_o, gate, y);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void attn_prep(const float* qkv, int64_t n, int64_t n_heads, int64_t n_kv, int64_t D,
+               int64_t rotary_dim, const float* q_norm, const float* k_norm, float eps,
+               const float* inv_freq, const int64_t* pos, float* q, float* gate, float* const* kc,
+               float* const* vc, cudaStream_t stream) {
+  TF_CUDA_REQUIRE(D <= 1024 && rotary_dim <= D, "attn_prep: head_dim above 1024");
+  if (n == 0) return;
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(n_heads + n_kv));
+  attn_prep_kernel<<<grid, kNormThreads, 0, stream>>>(qkv, n_heads, n_kv, D, rotary_dim / 2, q_norm,
+                                                      k_norm, eps, inv_freq, pos, q, gate, kc, vc);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void l2norm_scale_qk(float* x, int64_t n_q, int64_t n_k, int64_t dim, float eps, float q_scale,
+                     cudaStream_t stream) {
+  if (n_q + n_k == 0) return;
+  l2norm_scale_kernel<<<static_cast<unsigned>(n_q + n_k), kNormThreads, 0, stream>>>(
+      x, dim, eps, q_scale, n_q, 1.0f);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_rmsnorm_zc(float* x, const float* r, const float* w, int64_t n, int64_t dim, float eps,
+                    float* xn, cudaStream_t stream) {
+  if (n == 0) return;
+  add_rmsnorm_zc_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, r, w, dim, eps,
+                                                                               xn);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void kv_append(const float* k, const float* v, int64_t n, int64_t row, const int64_t* pos,
+               float* const* kc, float* const* vc, cudaStream_t stream) {
+  if (n == 0) return;
+  kv_append_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(k, v, row, pos, kc, vc);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void conv_silu_seqs(const float* xc, const int32_t* starts, float* const* state, const float* w,
+                    int64_t nseq, int64_t C, int64_t K, int64_t kd, float* q, float* k, float* v,
+                    cudaStream_t stream) {
+  TF_CUDA_REQUIRE(K >= 1 && K <= kMaxConv, "conv_silu_seqs: kernel width 1..8");
+  if (nseq == 0) return;
+  const dim3 grid(static_cast<unsigned>((C + 127) / 128), static_cast<unsigned>(nseq));
+  conv_silu_seqs_kernel<<<grid, 128, 0, stream>>>(xc, starts, state, w, C, K, kd, q, k, v);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void delta_rule_seqs(const float* q, const float* k, const float* v, const float* g,
+                     const float* beta, const int32_t* starts, float* const* S, int64_t nseq,
+                     int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* out,
+                     cudaStream_t stream) {
+  if (nseq == 0) return;
+  TF_CUDA_REQUIRE(Dk % kDeltaWarps == 0 && Dk <= kDeltaWarps * kDeltaMaxRows,
+                  "delta rule: Dk must be a multiple of 4, at most 128");
+  const dim3 grid(static_cast<unsigned>(Hv * ((Dv + kWarp - 1) / kWarp)),
+                  static_cast<unsigned>(nseq));
+  delta_rule_seqs_kernel<<<grid, kDeltaWarps * kWarp, 0, stream>>>(q, k, v, g, beta, starts, S, Hk,
+                                                                   Hv, Dk, Dv, out);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t stream) {
+  if (n == 0) return;
+  argmax_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(logits, V, out);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_uniform(DType dtype, void* p, int64_t n, uint64_t seed, float scale, float offset,
+                  cudaStream_t stream) {
+  if (n == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536));
+  if (dtype == DType::kBF16)
+    fill_uniform_kernel<<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p), n, seed, scale,
+                                                    offset);
+  else if (dtype == DType::kF32)
+    fill_uniform_kernel<<<blocks, 256, 0, stream>>>(static_cast<float*>(p), n, seed, scale, offset);
+  else
+    TF_CUDA_REQUIRE(false, "fill_uniform: bf16 or f32");
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -427,7 +1340,8 @@ void rmsnorm_gated(const float* x, const float* z, const float* w, int64_t n, in
 
 void l2norm_scale(float* x, int64_t n, int64_t dim, float eps, float scale, cudaStream_t stream) {
   if (n == 0) return;
-  l2norm_scale_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, dim, eps, scale);
+  l2norm_scale_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, dim, eps, scale, n,
+                                                                             scale);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -442,9 +1356,11 @@ void delta_rule_recurrent(const float* q, const float* k, const float* v, const 
                           const float* beta, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
                           int64_t Dv, float* S, float* out, cudaStream_t stream) {
   if (T == 0) return;
-  const unsigned threads = static_cast<unsigned>(std::min<int64_t>(Dv, 256));
-  delta_rule_recurrent_kernel<<<static_cast<unsigned>(Hv), threads, 0, stream>>>(
-      q, k, v, g, beta, T, Hk, Hv, Dk, Dv, S, out);
+  TF_CUDA_REQUIRE(Dk % kDeltaWarps == 0 && Dk <= kDeltaWarps * kDeltaMaxRows,
+                  "delta rule: Dk must be a multiple of 4, at most 128");
+  const unsigned blocks = static_cast<unsigned>(Hv * ((Dv + kWarp - 1) / kWarp));
+  delta_rule_recurrent_kernel<<<blocks, kDeltaWarps * kWarp, 0, stream>>>(q, k, v, g, beta, T, Hk,
+                                                                          Hv, Dk, Dv, S, out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -455,15 +1371,26 @@ void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cac
   TF_CUDA_REQUIRE(D <= 4 * kAttnTile, "attention: head_dim above 512");
   const size_t smem = (D + kAttnTile + kAttnTile / kWarp) * sizeof(float);
   attention_kernel<<<static_cast<unsigned>(T * n_heads), kAttnTile, smem, stream>>>(
-      q, pos, k_cache, v_cache, n_heads, n_kv, D, scale, out);
+      q, pos, k_cache, v_cache, nullptr, nullptr, n_heads, n_kv, D, scale, nullptr, out);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void attention_table(const float* q, int64_t T, const int64_t* pos, const float* const* kc,
+                     const float* const* vc, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
+                     const float* gate, float* out, cudaStream_t stream) {
+  if (T == 0) return;
+  TF_CUDA_REQUIRE(D <= 4 * kAttnTile, "attention: head_dim above 512");
+  const size_t smem = (D + kAttnTile + kAttnTile / kWarp) * sizeof(float);
+  attention_kernel<<<static_cast<unsigned>(T * n_heads), kAttnTile, smem, stream>>>(
+      q, pos, nullptr, nullptr, kc, vc, n_heads, n_kv, D, scale, gate, out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void route_topk(const float* logits, int64_t n, int64_t E, int64_t k, bool renorm, int32_t* experts,
                 float* weights, cudaStream_t stream) {
   if (n == 0) return;
-  route_topk_kernel<<<blocks_for(n, 128), 128, 0, stream>>>(logits, n, E, k, renorm, experts,
-                                                            weights);
+  route_topk_kernel<<<static_cast<unsigned>((n + 3) / 4), 4 * kWarp, 0, stream>>>(
+      logits, n, E, k, renorm, experts, weights);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -484,6 +1411,15 @@ void split_qkvz(const float* P, const float* BA, int64_t n, int64_t Hk, int64_t 
   if (n == 0) return;
   split_qkvz_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(P, BA, Hk, Dk, r, Dv, xc, z, b,
                                                                   a);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void split_qkvz_gates(const float* PB, int64_t n, int64_t Hk, int64_t Dk, int64_t r, int64_t Dv,
+                      const float* dt_bias, const float* neg_exp_a, float* xc, float* z,
+                      float* beta, float* g, cudaStream_t stream) {
+  if (n == 0) return;
+  split_qkvz_gates_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(Hk)), 256, 0,
+                            stream>>>(PB, Hk, Dk, r, Dv, dt_bias, neg_exp_a, xc, z, beta, g);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -22,8 +22,11 @@ void rmsnorm_zc(const float* x, const float* w, int64_t n, int64_t dim, float ep
                 cudaStream_t stream);
 
 // y[t, r] = sum_k w[r, k] * x[t, k]: w [rows, cols] row-major in `wtype` (bf16 or f32), x [n, cols]
-// fp32, y [n, rows] fp32. cols must be a multiple of 8. One warp per output element: lane l sums
-// k = 8 l + 256 j + i (i < 8) in order of j then i, then a xor-shuffle tree over the 32 lanes.
+// fp32, y [n, rows] fp32. cols must be a multiple of 8. One warp per 4 weight rows and tile of 8
+// tokens (the rows' 16-byte weight loads are shared by the tile's tokens, a token's x chunk by the
+// rows); for each (row, token), lane l sums k = 8 l + 256 j + i (i < 8) in order of j then i,
+// then a xor-shuffle tree over the 32 lanes. Tiles only decide which loads are shared, never a
+// token's arithmetic.
 void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n,
             float* y, cudaStream_t stream);
 
@@ -54,7 +57,9 @@ void causal_conv_silu(const float* in, const float* w, int64_t T, int64_t C, int
 // The gated delta rule, token by token, for T tokens of one sequence (decode, verify, and for now
 // prefill too: the recurrence is exact and split-invariant). Shapes as cpu::DeltaArgs: q, k
 // [T, Hk, Dk] (normed); v [T, Hv, Dv]; g, beta [T, Hv]; S [Hv, Dk, Dv] in/out; out [T, Hv, Dv].
-// One block per v-head, one thread per value column: the column's sums run over i ascending.
+// Block (v-head, 32 value columns) of 4 warps, the state in registers across the tokens; warp w
+// sums rows w Dk/4 .. (w+1) Dk/4 in ascending order, then the four partials in warp order.
+// Dk a multiple of 4, at most 128.
 void delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g,
                           const float* beta, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
                           int64_t Dv, float* S, float* out, cudaStream_t stream);
@@ -62,15 +67,109 @@ void delta_rule_recurrent(const float* q, const float* k, const float* v, const 
 // Causal GQA attention of T queries of one sequence over its cache, as cpu::attention: q
 // [T, n_heads, D]; k_cache, v_cache [L, n_kv, D]; query t sees rows 0..pos[t] (pos on device).
 // One block per (t, head); keys in tiles of 128 with a running max (online softmax), each tile's
-// keys accumulated in ascending order.
+// keys accumulated in ascending order. A score is 8 lanes' dot: lane s sums dims s + 8 m in
+// order, then a xor tree over the 8.
 void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cache,
                const float* v_cache, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
                float* out, cudaStream_t stream);
 
 // MoE routing per token: softmax over E logits (fp32), the top k (ties to the lower index), their
 // weights renormalised over the k when `renorm`. logits [n, E]; experts, weights [n, k].
+// One warp per token: the softmax max and sum by per-lane partials (lane l: e = l + 32 m, m
+// ascending) and the xor-shuffle tree; pick s is the largest (logit, lower index) below pick s-1.
 void route_topk(const float* logits, int64_t n, int64_t E, int64_t k, bool renorm, int32_t* experts,
                 float* weights, cudaStream_t stream);
+
+// ---- MoE experts read from device memory (no host round trip; capturable in a CUDA graph) ----
+// Experts are packed: wg, wu [E, I, H] and wd [E, H, I] in `wtype` (bf16 or f32).
+//
+// Gate and up with SiLU*mul for each token t and slot j < k, expert e = experts[t k + j]
+// (experts == nullptr: e = 0 and k = 1, a dense MLP or the shared expert):
+//   h[t, j, i] = silu(wg[e, i] . x[t]) * (wu[e, i] . x[t]), x [n, H], h [n, k, I];
+// each dot in matmul's order, so h equals matmul + silu_mul bit for bit.
+// With shared_g / shared_u ([I, H], the shared expert, of width I too): each token gets a slot
+// k after its k routed ones for the shared expert, h [n, k + 1, I].
+void expert_gate_up(DType wtype, const void* wg, const void* wu, int64_t I, int64_t H,
+                    const int32_t* experts, int64_t k, const float* x, int64_t n, float* h,
+                    cudaStream_t stream, const void* shared_g = nullptr,
+                    const void* shared_u = nullptr);
+// Down: o[t, j] = wd[e] h[t, j] for each token and slot; h [n, k, I], o [n, k, H].
+// With shared_d ([H, I]): slot k of each token is the shared expert's, h [n, k + 1, I] and o
+// [n, k + 1, H].
+void expert_down(DType wtype, const void* wd, int64_t H, int64_t I, const int32_t* experts,
+                 int64_t k, const float* h, int64_t n, float* o, cudaStream_t stream,
+                 const void* shared_d = nullptr);
+// Grouped experts for many tokens: each expert's weights read once per tile of up to 8 of its
+// slots (instead of once per slot). moe_group sorts the n k slots of `experts` by expert
+// (ascending slots within one) into sorted [n k] and lists the tiles (int4 {expert, begin,
+// count, 0}, moe_max_tiles(n, k, E) of room) and their number n_tiles (device) — one block, no
+// host round trip. grouped_experts then computes h [n, k, I] and o [n, k, H] exactly as
+// expert_gate_up + expert_down (the same bits: a slot's dots do not depend on its tile).
+int64_t moe_max_tiles(int64_t n, int64_t k, int64_t E);
+void moe_group(const int32_t* experts, int64_t n, int64_t k, int64_t E, int32_t* sorted,
+               void* tiles, int32_t* n_tiles, cudaStream_t stream);
+void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd, int64_t I,
+                     int64_t H, int64_t k, int64_t E, int64_t n, const int32_t* sorted,
+                     const void* tiles, const int32_t* n_tiles, const float* x, float* h, float* o,
+                     cudaStream_t stream);
+// Combine per token: y[t] = sum over the k slots in ascending expert index of w[t, j] o[t, j]
+// (fmaf from 0, the CPU model's order), then y[t] = fmaf(sigmoid(gate[t]), shared[t], y[t]) when
+// `shared` is given. o [n, k, H], experts, w [n, k], shared [n, H], gate [n], y [n, H].
+// shared_in_o: o is [n, k + 1, H] with the shared expert's output in slot k (then `shared` is
+// not read).
+void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t n, int64_t k,
+                 int64_t H, const float* shared, const float* gate, float* y, cudaStream_t stream,
+                 bool shared_in_o = false);
+
+// The attention block's row-local work in one kernel, from the stacked projection qkv [n, nh 2 D +
+// 2 n_kv D] (per head [query D | gate D], then k, then v): q = rope(rmsnorm_zc(query, q_norm))
+// [n, nh, D], gate [n, nh, D], and k = rope(rmsnorm_zc(k, k_norm)) and v written into the caches
+// kc[t] / vc[t] at row pos[t] (as kv_append). The same bits as the separate ops.
+void attn_prep(const float* qkv, int64_t n, int64_t n_heads, int64_t n_kv, int64_t D,
+               int64_t rotary_dim, const float* q_norm, const float* k_norm, float eps,
+               const float* inv_freq, const int64_t* pos, float* q, float* gate, float* const* kc,
+               float* const* vc, cudaStream_t stream);
+// l2norm_scale over n_q rows scaled by q_scale followed by n_k rows scaled by 1 (x [n_q + n_k,
+// dim]): the Gated DeltaNet's q and k in one launch.
+void l2norm_scale_qk(float* x, int64_t n_q, int64_t n_k, int64_t dim, float eps, float q_scale,
+                     cudaStream_t stream);
+
+// x += r, then xn = rmsnorm_zc(x): the residual add fused with the next norm (bitwise the same as
+// add then rmsnorm_zc). x, r, xn [n, dim].
+void add_rmsnorm_zc(float* x, const float* r, const float* w, int64_t n, int64_t dim, float eps,
+                    float* xn, cudaStream_t stream);
+
+// ---- batched sequence state ops (one launch for every sequence of a step) ----
+// Per-token cache rows: for token t, kc[t] / vc[t] (device pointer tables) are its sequence's
+// caches [capacity, n_kv, D]; row pos[t] is written with k[t], v[t] ([n, n_kv D]).
+void kv_append(const float* k, const float* v, int64_t n, int64_t row, const int64_t* pos,
+               float* const* kc, float* const* vc, cudaStream_t stream);
+// attention() with each token's caches from the pointer tables kc[t], vc[t]; with `gate` [T,
+// n_heads, D], the output is multiplied by sigmoid(gate) (as mul_sigmoid).
+void attention_table(const float* q, int64_t T, const int64_t* pos, const float* const* kc,
+                     const float* const* vc, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
+                     const float* gate, float* out, cudaStream_t stream);
+// Causal conv + SiLU over nseq sequences: sequence s owns tokens starts[s] .. starts[s+1] of xc
+// [n, C] and its conv state state[s] [K-1, C] (updated to its last K-1 inputs). One thread per
+// (sequence, channel) walks the tokens in order; the sums are causal_conv_silu's. The output
+// channels [q | k | v] go to q [n, kd], k [n, kd], v [n, C - 2 kd]. K <= 8.
+void conv_silu_seqs(const float* xc, const int32_t* starts, float* const* state, const float* w,
+                    int64_t nseq, int64_t C, int64_t K, int64_t kd, float* q, float* k, float* v,
+                    cudaStream_t stream);
+// delta_rule_recurrent over nseq sequences (tokens starts[s] .. starts[s+1], state S[s]); each
+// value column's arithmetic is delta_rule_recurrent's.
+void delta_rule_seqs(const float* q, const float* k, const float* v, const float* g,
+                     const float* beta, const int32_t* starts, float* const* S, int64_t nseq,
+                     int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* out,
+                     cudaStream_t stream);
+
+// out[t] = argmax of logits row t [V] (ties to the lower index). logits [n, V].
+void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t stream);
+
+// Fills n weights with uniform values in [-scale, scale) + offset from a counter hash of (seed, i):
+// dummy weights generated on the device. `dtype` bf16 or f32.
+void fill_uniform(DType dtype, void* p, int64_t n, uint64_t seed, float scale, float offset,
+                  cudaStream_t stream);
 
 // Elementwise: x *= sigmoid(gate) over n values.
 void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream);
@@ -87,6 +186,12 @@ void split_qkvz(const float* P, const float* BA, int64_t n, int64_t Hk, int64_t 
 // (PyTorch's softplus, threshold 20). b, a, beta, g: [n, Hv]; dt_bias, neg_exp_a: [Hv].
 void gdn_gates(const float* b, const float* a, const float* dt_bias, const float* neg_exp_a,
                int64_t n, int64_t Hv, float* beta, float* g, cudaStream_t stream);
+
+// split_qkvz then gdn_gates in one kernel, from the stacked projection PB [n, Hk G + Hk 2 r]
+// (G = 2 Dk + 2 r Dv: per token the in_qkvz row, then the in_ba row): xc, z, beta, g as there.
+void split_qkvz_gates(const float* PB, int64_t n, int64_t Hk, int64_t Dk, int64_t r, int64_t Dv,
+                      const float* dt_bias, const float* neg_exp_a, float* xc, float* z,
+                      float* beta, float* g, cudaStream_t stream);
 
 // y[i] = x[idx[i]] for n rows of `dim` (idx on device).
 void gather_rows(const float* x, const int32_t* idx, int64_t n, int64_t dim, float* y,

@@ -1,0 +1,454 @@
+// The CUDA decode and prefill benchmark (issue 9): tokens/s of greedy decoding at several batch
+// sizes and of one prefill, each with the bytes a step must move (weights + sequence state)
+// against this device's measured device-to-device copy bandwidth (the roofline).
+//
+//   cuda_bench --model models/tiny-next
+//   cuda_bench --config bench/qwen3-next-80b-a3b-24l.json --load-format dummy
+//
+// Options: --batches 1,8,32  --steps 64 (timed decode steps per batch)  --prompt 32 (prefill of
+// each decode sequence)  --prefill 512 (the prefill measurement's tokens)  --no-graphs  --kernels
+// (first, a table of the decode kernels one by one at the model's shapes).
+// Bytes per decode step: every non-expert weight of the layers once, the lm_head once, one
+// embedding row per row, and per MoE layer the distinct routed experts of the step (k at batch 1;
+// at batch B the expected number under uniform routing, E (1 - (1 - k/E)^B)); plus per sequence
+// the Gated DeltaNet state read and written and the attention KV read (mean context of the timed
+// steps). Roofline % = (bytes per step / step time) / copy bandwidth; the copy bandwidth counts
+// the bytes read plus the bytes written of a cudaMemcpy between two 4 GiB device buffers.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "backends/cuda/ops.h"
+#include "io/config.h"
+#include "model/cuda_model.h"
+#include "model/model.h"
+
+namespace tf {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// GB/s (1e9 bytes) of cudaMemcpy device to device, counting read + written bytes.
+double copy_bandwidth() {
+  const size_t bytes = size_t{4} << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return 0;
+  cudaMemset(a, 1, bytes);
+  cudaMemset(b, 0, bytes);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);  // warm
+  const int iters = 10;
+  cudaEventRecord(e0);
+  for (int i = 0; i < iters; ++i)
+    cudaMemcpy(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaFree(a), cudaFree(b);
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  return 2.0 * static_cast<double>(bytes) * iters / (ms * 1e-3) / 1e9;
+}
+
+// --kernels: the decode step's kernels one by one at the model's shapes, each captured 64 times
+// into a CUDA graph (as in a decode step) over rotating weight copies (>= 512 MB in all, so the
+// L2 cache does not serve them); microseconds per call and weight/state GB/s.
+struct DevBuf {
+  void* p = nullptr;
+  explicit DevBuf(size_t bytes) {
+    if (cudaMalloc(&p, std::max<size_t>(bytes, 16)) != cudaSuccess) {
+      std::fprintf(stderr, "cuda_bench: out of device memory\n");
+      std::exit(1);
+    }
+    cuda::fill_uniform(DType::kF32, p, static_cast<int64_t>(std::max<size_t>(bytes, 16) / 4), 3,
+                       0.05f, 0.0f, nullptr);
+  }
+  ~DevBuf() { cudaFree(p); }
+  float* f() const { return static_cast<float*>(p); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+template <class F>
+double time_graph(F&& f, int reps) {
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  for (int r = 0; r < reps; ++r) f(r, s);
+  cudaStreamEndCapture(s, &g);
+  cudaGraphInstantiate(&e, g, 0);
+  cudaGraphLaunch(e, s);
+  cudaStreamSynchronize(s);
+  cudaEvent_t a, b;
+  cudaEventCreate(&a), cudaEventCreate(&b);
+  cudaEventRecord(a, s);
+  cudaGraphLaunch(e, s);
+  cudaEventRecord(b, s);
+  cudaEventSynchronize(b);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaGraphExecDestroy(e), cudaGraphDestroy(g), cudaStreamDestroy(s);
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) std::fprintf(stderr, "cuda_bench: %s\n", cudaGetErrorString(err));
+  return ms * 1e3 / reps;
+}
+
+void kernel_table(const ModelConfig& c, int64_t ctx) {
+  const int reps = 64;
+  const int64_t H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
+  const int64_t I = c.moe_intermediate_size, Hk = c.linear_num_key_heads;
+  const int64_t Hv = c.linear_num_value_heads, Dk = c.linear_key_head_dim;
+  const int64_t Dv = c.linear_value_head_dim, r = Hv / Hk, C = c.conv_dim();
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, D = c.head_dim;
+  std::printf("\n| kernel (batch 1 unless noted) | us per call | GB/s |\n|---|---|---|\n");
+  auto row = [](const char* name, double us, double bytes) {
+    std::printf("| %s | %.2f | %.0f |\n", name, us, bytes > 0 ? bytes / us / 1e3 : 0.0);
+  };
+  DevBuf x(64 * H * 4 * 8), y(64 * std::max<int64_t>(c.vocab_size, 16384) * 4);
+  auto mm = [&](const char* name, int64_t rows, int64_t cols, int64_t n) {
+    const size_t bytes = static_cast<size_t>(rows * cols * 2);
+    const int copies = static_cast<int>(std::max<size_t>(2, (size_t{512} << 20) / bytes));
+    DevBuf w(bytes * copies);
+    const double us = time_graph(
+        [&](int i, cudaStream_t s) {
+          cuda::matmul(DType::kBF16, w.as<uint8_t>() + (i % copies) * bytes, rows, cols, x.f(), n,
+                       y.f(), s);
+        },
+        reps);
+    row(name, us, static_cast<double>(bytes));
+  };
+  mm("matmul in_qkvz|in_ba", Hk * (2 * Dk + 2 * r * Dv) + 2 * r * Hk, H, 1);
+  mm("matmul out_proj", H, Hv * Dv, 1);
+  mm("matmul q_proj", nh * 2 * D, H, 1);
+  mm("matmul k_proj", nkv * D, H, 1);
+  mm("matmul lm_head", c.vocab_size, H, 1);
+  mm("matmul in_qkvz|in_ba, batch 8", Hk * (2 * Dk + 2 * r * Dv) + 2 * r * Hk, H, 8);
+  mm("matmul in_qkvz|in_ba, batch 32", Hk * (2 * Dk + 2 * r * Dv) + 2 * r * Hk, H, 32);
+  {
+    const size_t eb = static_cast<size_t>(E * I * H * 2);
+    DevBuf wg(eb), wu(eb), wd(eb), h(64 * k * I * 4), o(64 * k * H * 4);
+    std::vector<int32_t> ids(32 * k);
+    std::mt19937 rng(5);
+    for (int64_t t = 0; t < 32; ++t) {  // k distinct experts per token
+      std::vector<int32_t> all(E);
+      for (int64_t e = 0; e < E; ++e) all[e] = static_cast<int32_t>(e);
+      std::shuffle(all.begin(), all.end(), rng);
+      for (int64_t j = 0; j < k; ++j) ids[t * k + j] = all[j];
+    }
+    DevBuf dids(ids.size() * 4);
+    cudaMemcpy(dids.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
+    const double ebytes = 3.0 * I * H * 2;
+    row("expert_gate_up (k slots)",
+        time_graph(
+            [&](int, cudaStream_t s) {
+              cuda::expert_gate_up(DType::kBF16, wg.p, wu.p, I, H, dids.as<int32_t>(), k, x.f(), 1,
+                                   h.f(), s);
+            },
+            reps),
+        2.0 / 3.0 * ebytes * k);
+    row("expert_down (k slots)",
+        time_graph(
+            [&](int, cudaStream_t s) {
+              cuda::expert_down(DType::kBF16, wd.p, H, I, dids.as<int32_t>(), k, h.f(), 1, o.f(),
+                                s);
+            },
+            reps),
+        1.0 / 3.0 * ebytes * k);
+    DevBuf dw(64 * k * 4), sh(64 * H * 4), gate(64 * 4);
+    row("moe_combine",
+        time_graph(
+            [&](int, cudaStream_t s) {
+              cuda::moe_combine(o.f(), dids.as<int32_t>(), dw.f(), 1, k, H, sh.f(), gate.f(), y.f(),
+                                s);
+            },
+            reps),
+        0);
+    DevBuf logits(64 * E * 4);
+    row("route_topk",
+        time_graph(
+            [&](int, cudaStream_t s) {
+              cuda::route_topk(logits.f(), 1, E, k, true, dids.as<int32_t>() + 32 * k, dw.f(), s);
+            },
+            reps),
+        0);
+    const int64_t mt = cuda::moe_max_tiles(32, k, E);
+    DevBuf sorted(32 * k * 4), tiles((4 * mt + 1) * 4);
+    row("moe_group, batch 32",
+        time_graph(
+            [&](int, cudaStream_t s) {
+              cuda::moe_group(dids.as<int32_t>(), 32, k, E, sorted.as<int32_t>(), tiles.p,
+                              tiles.as<int32_t>() + 4 * mt, s);
+            },
+            reps),
+        0);
+    cuda::moe_group(dids.as<int32_t>(), 32, k, E, sorted.as<int32_t>(), tiles.p,
+                    tiles.as<int32_t>() + 4 * mt, nullptr);
+    const double distinct = E * (1.0 - std::pow(1.0 - static_cast<double>(k) / E, 32));
+    row("grouped_experts, batch 32",
+        time_graph(
+            [&](int, cudaStream_t s) {
+              cuda::grouped_experts(DType::kBF16, wg.p, wu.p, wd.p, I, H, k, E, 32,
+                                    sorted.as<int32_t>(), tiles.p, tiles.as<int32_t>() + 4 * mt,
+                                    x.f(), h.f(), o.f(), s);
+            },
+            reps),
+        distinct * ebytes);
+  }
+  {
+    const size_t sb = static_cast<size_t>(Hv * Dk * Dv * 4);
+    const int copies = 64;
+    DevBuf S(sb * copies), q(Hk * Dk * 4), kk(Hk * Dk * 4), v(Hv * Dv * 4), g(Hv * 4), beta(Hv * 4),
+        out(Hv * Dv * 4), tab(copies * 8), starts(8);
+    std::vector<uint64_t> ptrs(copies);
+    for (int i = 0; i < copies; ++i) ptrs[i] = reinterpret_cast<uint64_t>(S.as<uint8_t>() + i * sb);
+    cudaMemcpy(tab.p, ptrs.data(), copies * 8, cudaMemcpyHostToDevice);
+    const int32_t st[2] = {0, 1};
+    cudaMemcpy(starts.p, st, 8, cudaMemcpyHostToDevice);
+    cudaMemset(g.p, 0, Hv * 4);
+    row("delta_rule_seqs (state read + written)",
+        time_graph(
+            [&](int i, cudaStream_t s) {
+              cuda::delta_rule_seqs(q.f(), kk.f(), v.f(), g.f(), beta.f(), starts.as<int32_t>(),
+                                    tab.as<float*>() + i, 1, Hk, Hv, Dk, Dv, out.f(), s);
+            },
+            reps),
+        2.0 * sb);
+    DevBuf conv(C * 4 * 4), cw(C * 4 * 4), xc(C * 4), ctab(8);
+    const uint64_t cp = reinterpret_cast<uint64_t>(conv.p);
+    cudaMemcpy(ctab.p, &cp, 8, cudaMemcpyHostToDevice);
+    row("conv_silu_seqs",
+        time_graph(
+            [&](int, cudaStream_t s) {
+              cuda::conv_silu_seqs(xc.f(), starts.as<int32_t>(), ctab.as<float*>(), cw.f(), 1, C,
+                                   c.linear_conv_kernel_dim, Hk * Dk, q.f(), kk.f(), v.f(), s);
+            },
+            reps),
+        0);
+    row("l2norm_scale",
+        time_graph([&](int, cudaStream_t s) { cuda::l2norm_scale(q.f(), Hk, Dk, 1e-6f, 1.0f, s); },
+                   reps),
+        0);
+  }
+  {
+    DevBuf kc(ctx * nkv * D * 4), vc(ctx * nkv * D * 4), q(nh * D * 4), out(nh * D * 4), tab(16),
+        pos(8);
+    const uint64_t p2[2] = {reinterpret_cast<uint64_t>(kc.p), reinterpret_cast<uint64_t>(vc.p)};
+    cudaMemcpy(tab.p, p2, 16, cudaMemcpyHostToDevice);
+    const int64_t ps = ctx - 1;
+    cudaMemcpy(pos.p, &ps, 8, cudaMemcpyHostToDevice);
+    char name[96];
+    std::snprintf(name, sizeof name, "attention_table (context %lld)", static_cast<long long>(ctx));
+    row(name,
+        time_graph(
+            [&](int, cudaStream_t s) {
+              cuda::attention_table(q.f(), 1, pos.as<int64_t>(), tab.as<const float*>(),
+                                    tab.as<const float*>() + 1, nh, nkv, D, 0.0625f, nullptr,
+                                    out.f(), s);
+            },
+            reps),
+        2.0 * ctx * nkv * D * 4);
+  }
+  DevBuf w(H * 4);
+  row("rmsnorm_zc [1 x 2048] (a small kernel)",
+      time_graph(
+          [&](int, cudaStream_t s) { cuda::rmsnorm_zc(x.f(), w.f(), 1, H, 1e-6f, y.f(), s); },
+          reps),
+      0);
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::atoi(item.c_str()));
+  return v;
+}
+
+int run(int argc, char** argv) {
+  std::string model, config, load_format = "auto";
+  std::vector<int> batches = {1, 8, 32};
+  int steps = 64, prompt = 32, prefill = 512;
+  bool graphs = true, kernels = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "cuda_bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--model")
+      model = next();
+    else if (a == "--config")
+      config = next();
+    else if (a == "--load-format")
+      load_format = next();
+    else if (a == "--batches")
+      batches = parse_list(next());
+    else if (a == "--steps")
+      steps = std::atoi(next().c_str());
+    else if (a == "--prompt")
+      prompt = std::atoi(next().c_str());
+    else if (a == "--prefill")
+      prefill = std::atoi(next().c_str());
+    else if (a == "--no-graphs")
+      graphs = false;
+    else if (a == "--kernels")
+      kernels = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
+                   "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
+                   "[--kernels]\n");
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    std::fprintf(stderr, "cuda_bench: no CUDA device\n");
+    return 1;
+  }
+  const double bw = copy_bandwidth();
+  std::printf("device: %s, %.0f GiB; copy bandwidth (read + write): %.0f GB/s\n", prop.name,
+              static_cast<double>(prop.totalGlobalMem) / (1u << 30), bw);
+
+  std::unique_ptr<CudaModel> m;
+  std::string name;
+  const double t0 = now_s();
+  if (!model.empty()) {
+    auto host = Model::load(model);
+    if (!host.is_ok()) {
+      std::fprintf(stderr, "cuda_bench: %s\n", host.status().to_string().c_str());
+      return 1;
+    }
+    auto g = CudaModel::create(**host);
+    if (!g.is_ok()) {
+      std::fprintf(stderr, "cuda_bench: %s\n", g.status().to_string().c_str());
+      return 1;
+    }
+    m = std::move(*g);
+    name = model;
+  } else if (!config.empty() && load_format == "dummy") {
+    auto c = load_model_config(config);
+    if (!c.is_ok()) {
+      std::fprintf(stderr, "cuda_bench: %s\n", c.status().to_string().c_str());
+      return 1;
+    }
+    auto g = CudaModel::create_dummy(*c, 1);
+    if (!g.is_ok()) {
+      std::fprintf(stderr, "cuda_bench: %s\n", g.status().to_string().c_str());
+      return 1;
+    }
+    m = std::move(*g);
+    name = config + " (dummy weights)";
+  } else {
+    std::fprintf(stderr, "cuda_bench: give --model DIR, or --config JSON --load-format dummy\n");
+    return 2;
+  }
+  m->set_graphs(graphs);
+  if (kernels) kernel_table(m->config(), prompt + steps / 2);
+  const ModelConfig& c = m->config();
+  const CudaWeightBytes& wb = m->weight_bytes();
+  std::printf(
+      "model: %s: %lld layers, %lld experts top-%lld; weights %.2f GB on the device "
+      "(loaded in %.1f s)\n",
+      name.c_str(), static_cast<long long>(c.num_hidden_layers),
+      static_cast<long long>(c.num_experts), static_cast<long long>(c.num_experts_per_tok),
+      static_cast<double>(wb.total) / 1e9, now_s() - t0);
+
+  int64_t n_attn = 0, n_gdn = 0;
+  for (bool f : c.full_attention) (f ? n_attn : n_gdn)++;
+  const double state_gdn =
+      2.0 * n_gdn *
+      (c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim +
+       (c.linear_conv_kernel_dim - 1) * c.conv_dim()) *
+      4.0;
+  const double kv_pos = 2.0 * n_attn * c.num_key_value_heads * c.head_dim * 4.0;  // per position
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size) - 1);
+
+  std::printf(
+      "\n| run | batch | tokens/s | step ms | bytes/step (GB) | achieved GB/s | roofline %% |\n"
+      "|---|---|---|---|---|---|---|\n");
+  // Prefill: one sequence of `prefill` tokens in one step (best of 3).
+  if (prefill > 0) {
+    std::vector<int32_t> p(prefill);
+    for (auto& t : p) t = tok(rng);
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      CudaSequenceState s = m->new_state();
+      m->reserve(&s, prefill + 1);
+      std::vector<int32_t> out;
+      const CudaStepInput x{&s, p, false};
+      const double a = now_s();
+      m->forward_greedy(std::span(&x, 1), &out);
+      best = std::min(best, now_s() - a);
+    }
+    std::printf("| prefill %d tokens | 1 | %.0f | %.2f | | | |\n", prefill, prefill / best,
+                best * 1e3);
+  }
+  for (int B : batches) {
+    std::vector<CudaSequenceState> st(B);
+    std::vector<int32_t> next(B);
+    for (int i = 0; i < B; ++i) {
+      st[i] = m->new_state();
+      m->reserve(&st[i], prompt + steps + 8);
+      std::vector<int32_t> p(prompt);
+      for (auto& t : p) t = tok(rng);
+      std::vector<int32_t> out;
+      const CudaStepInput x{&st[i], p, false};
+      m->forward_greedy(std::span(&x, 1), &out);
+      next[i] = out[0];
+    }
+    auto decode = [&](int n) {
+      for (int s = 0; s < n; ++s) {
+        std::vector<CudaStepInput> in;
+        for (int i = 0; i < B; ++i) in.push_back({&st[i], std::span(&next[i], 1), false});
+        std::vector<int32_t> out;
+        m->forward_greedy(in, &out);
+        next = out;
+      }
+    };
+    decode(3);  // the first decode step of B rows captures its graph
+    const double a = now_s();
+    decode(steps);
+    const double dt = (now_s() - a) / steps;
+    const double E = static_cast<double>(c.num_experts),
+                 k = static_cast<double>(c.num_experts_per_tok);
+    const double distinct = B == 1 ? k : E * (1.0 - std::pow(1.0 - k / E, B));
+    const double ctx = prompt + 3 + steps / 2.0;
+    const double bytes =
+        static_cast<double>(wb.dense + wb.lm_head) + static_cast<double>(wb.embed_row) * B +
+        distinct * static_cast<double>(wb.expert * wb.moe_layers) + B * (state_gdn + kv_pos * ctx);
+    const double gbs = bytes / dt / 1e9;
+    std::printf("| decode%s | %d | %.1f | %.3f | %.3f | %.0f | %.1f |\n",
+                graphs ? "" : " (no graphs)", B, B / dt, dt * 1e3, bytes / 1e9, gbs,
+                100.0 * gbs / bw);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tf
+
+int main(int argc, char** argv) {
+  return tf::run(argc, argv);
+}
