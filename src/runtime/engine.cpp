@@ -383,6 +383,7 @@ void Engine::commit_decode(StepRow& r, std::span<const float> logits, double ste
   if (j > 0) a.state.rollback(base + 1 + i);
   r.count = 1 + i;
   if (a.policy && o_.draft_adaptive) a.policy->observe(k, static_cast<int>(i) + 1, step_cost);
+  if (o_.on_decode_state) o_.on_decode_state(r.seq, a.state);
 }
 
 bool Engine::take(uint64_t id, Active& a, int32_t tok, std::span<const float> logits,

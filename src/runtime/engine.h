@@ -89,6 +89,9 @@ struct EngineOptions {
   int draft_max = 0;
   float draft_p_min = 0.0f;    // stop before a draft whose head probability is below this
   bool draft_adaptive = true;  // pick k in 0..draft_max per request and step (DraftPolicy)
+  // For tests: called on the engine thread after each decode row's commit, with the request's id
+  // and its state (verify window closed), while the request goes on; empty: none.
+  std::function<void(uint64_t, const SequenceState&)> on_decode_state;
 };
 
 struct EngineStats {
