@@ -11,16 +11,16 @@
 //   - multi-turn chats resumed from kept states with drafting == fresh plain;
 //   - max_tokens, stop tokens, the context limit and cancellation inside an accepted run;
 //   - sampling: the distribution of a short continuation drafted vs plain (chi-square).
-// Checked to fail (each by a deliberate break in engine.cpp, then restored):
-//   - skipping state.rollback() after a verify row: CHECK in the next forward (window open), and
-//     with the window closed at n_past instead, StateAfterEveryStepEqualsPlain and all
-//     equality tests fail;
-//   - accepting one draft too many (emitting d_{i+1} where the sampled token differs):
-//     DraftedEqualsPlainAlone, RandomMixes and SamplingDistribution (chi-square ~10^3) fail;
-//   - the scheduler's commit advancing by the planned 1 + k instead of the accepted length:
-//     RandomMixes fails (prefill rows of the step after land at wrong positions);
-//   - no cancel check between accepted tokens: CancelInsideAcceptedRun gets extra tokens;
-//   - ignoring the context limit per accepted token: LimitsInsideAcceptedRun fails.
+// Checked to fail (each by a deliberate break in Engine::commit_decode, then restored):
+//   - closing the verify window without rolling back (rollback(n_past)): every equality test
+//     fails, on both models, StateAfterEveryStepEqualsPlain included;
+//   - accepting the first draft whatever the target samples: the equality tests fail, and
+//     SamplingDistributionMatchesPlain's chi-square is 1600 against a limit of 103.5 (df 63);
+//   - not telling the scheduler the accepted length (its commit advances by the planned 1 + k):
+//     DraftedEqualsPlainAlone's tokens differ, then a CHECK in rollback aborts;
+//   - no cancel check between accepted tokens: CancelInsideAcceptedRun/tiny_next gets extra tokens;
+//   - checking the context limit against the verify row's first position only:
+//     LimitsInsideAcceptedRun/tiny_next fails.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
