@@ -327,17 +327,17 @@ void Engine::commit_row(StepRow& r, std::span<const float> logits, double step_c
   }
   Active& a = *active_.at(r.seq);
   const int64_t end = r.begin + r.count;
-  {
-    if (std::find(a.cuts.begin(), a.cuts.end(), end) != a.cuts.end()) {
-      // A prompt row never opens a verify window. The kept copy carries no verify scratch, and
-      // the MTP head's pending rows are computed once here rather than by every resume.
-      a.state.release_verify();
-      if (a.state.has_mtp) {
-        SequenceState* st = &a.state;
-        model_.mtp_sync({&st, 1}, &pool_);
-      }
-      states_.put(std::span<const int32_t>(a.req.prompt).first(end), a.state);
+  if (std::find(a.cuts.begin(), a.cuts.end(), end) != a.cuts.end()) {
+    // A prompt row never opens a verify window. The kept copy carries no verify scratch, and the
+    // MTP head's pending rows are computed once here rather than by every resume.
+    a.state.release_verify();
+    if (a.state.has_mtp) {
+      SequenceState* st = &a.state;
+      model_.mtp_sync({&st, 1}, &pool_);
     }
+    states_.put(std::span<const int32_t>(a.req.prompt).first(end), a.state);
+  }
+  {
     std::lock_guard<std::mutex> lock(mu_);
     (a.internal ? stats_.keep_tokens : stats_.prompt_tokens) += r.count;
   }
