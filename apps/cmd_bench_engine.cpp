@@ -1,8 +1,12 @@
 // tensorfold bench-engine: the runtime under load, through the Engine (no HTTP):
 //   1. aggregate decode tokens/s with N streams decoding at once (continuous batching);
 //   2. time to first token of turn T of a chat, resumed from the kept state of turn T-1 versus the
-//      same prompt computed fresh (pool off).
-// Token ids are random (timing only); stop tokens are off so every stream decodes --gen tokens.
+//      same prompt computed fresh (pool off);
+//   3. with --draft K: MTP drafting against plain decoding, on chat prompts of two kinds (copy a
+//      passage, continue a passage) at each of --draft-streams: decode tokens/s of both, acceptance
+//      and mean accepted length, and a check that both gave the same tokens.
+// In 1 and 2 token ids are random (timing only) and stop tokens are off so every stream decodes
+// --gen tokens; in 3 the prompts are real text and replies end at the end-of-turn token.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -15,6 +19,8 @@
 
 #include "apps/commands.h"
 #include "runtime/engine.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tf::app {
 namespace {
@@ -33,6 +39,13 @@ struct Options {
   int reps = 3;
   int threads = 0;
   bool json = false;
+  // Drafting (3): K (0: skip), fixed depth or adaptive, gate, stream counts, reply cap.
+  int draft = 0;
+  bool draft_fixed = false;
+  float draft_p_min = 0.0f;
+  std::vector<int> draft_streams = {1, 4};
+  int draft_gen = 160;
+  bool draft_only = false;  // skip 1 and 2
 };
 
 // One request's event times.
@@ -154,6 +167,152 @@ TurnResult chat_ttft(const Model& model, const Options& o, std::mt19937& rng) {
   return res;
 }
 
+// Passages for the drafting bench (written for it). Copy prompts ask for one verbatim; prose
+// prompts ask the model to continue one (free text: where MTP drafts are accepted least).
+const char* kPassages[] = {
+    "The harbour was quiet before dawn. Two fishing boats rocked against the pier, their ropes "
+    "creaking, and a gull walked along the rail as if it owned the town.",
+    "She folded the map twice, put it in her coat and started up the hill. The path was steep and "
+    "wet, and by the time she reached the old mill the rain had stopped.",
+    "Every morning the baker opened the shutters at six, set out the bread in long rows and "
+    "waited for the first customer, who was always the same old man with a grey dog.",
+    "The library kept its rarest books in a cold room behind the reading hall. Nobody went in "
+    "without gloves, and the clock on the wall had not been wound for years.",
+};
+
+struct DraftRun {
+  double tokens_per_s = 0;
+  std::vector<std::vector<int32_t>> replies;
+  EngineStats stats;
+};
+
+// Runs the prompts on an engine with `streams` slots drafting up to draft_max (0: plain); tokens/s
+// = tokens generated / wall time from the first submit to the last reply's end (prefill included,
+// which is the same work drafted or not).
+DraftRun draft_run(const Model& model, const Options& o,
+                   const std::vector<std::vector<int32_t>>& prompts,
+                   const std::vector<int32_t>& stops, int streams, int draft_max) {
+  EngineOptions eo;
+  eo.scheduler.max_running = streams;
+  eo.scheduler.max_queue = static_cast<int>(prompts.size());
+  eo.threads = o.threads;
+  eo.state_cache_bytes = 0;
+  eo.draft_max = draft_max;
+  eo.draft_adaptive = !o.draft_fixed;
+  eo.draft_p_min = o.draft_p_min;
+  DraftRun res;
+  std::vector<std::unique_ptr<Timeline>> tl;
+  const auto t0 = Clock::now();
+  {
+    Engine engine(model, eo);
+    for (const auto& p : prompts) {
+      tl.push_back(std::make_unique<Timeline>());
+      GenerationRequest r;
+      r.prompt = p;
+      r.max_tokens = o.draft_gen;
+      r.stop_tokens = stops;
+      Timeline* t = tl.back().get();
+      r.on_event = [t](const TokenEvent& e) { t->on_event(e); };
+      if (!engine.submit(std::move(r))) return res;
+    }
+    for (auto& t : tl) t->wait();
+    res.stats = engine.stats();
+  }
+  int64_t count = 0;
+  Clock::time_point end = t0;
+  for (auto& t : tl) {
+    count += static_cast<int64_t>(t->ids.size());
+    if (!t->tokens.empty()) end = std::max(end, t->tokens.back());
+    res.replies.push_back(t->ids);
+  }
+  const double s = std::chrono::duration<double>(end - t0).count();
+  res.tokens_per_s = s > 0 ? static_cast<double>(count) / s : 0;
+  return res;
+}
+
+// Plain vs drafted decoding on copy and prose chat prompts; false when the model cannot draft
+// or the two gave different tokens.
+bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
+  if (!model.has_mtp()) {
+    std::fprintf(stderr, "error: --draft: %s has no MTP head (mtp.* tensors)\n", o.model.c_str());
+    return false;
+  }
+  auto tk = tok::Tokenizer::load(o.model);
+  auto tmpl = tok::ChatTemplate::load(o.model);
+  if (!tk || !tmpl) {
+    std::fprintf(stderr, "error: --draft needs the model's tokenizer and chat template\n");
+    return false;
+  }
+  std::vector<int32_t> stops;
+  for (const char* s : {"<|im_end|>", "<|endoftext|>"}) {
+    if (auto id = tk->token_to_id(s)) stops.push_back(*id);
+  }
+  auto chat = [&](const std::string& user) {
+    nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+    msgs.push_back({{"role", "user"}, {"content", user}});
+    tok::ChatOptions co;
+    co.add_generation_prompt = true;
+    co.enable_thinking = false;
+    return tk->encode(tmpl->render(msgs, nullptr, co).value()).value();
+  };
+  bool same = true;
+  if (!o.json) {
+    std::printf(
+        "drafting, up to %d drafts (%s, p_min %.2f), greedy, replies up to %d tokens, "
+        "best of %d; 8 prompts per kind, N at a time, tokens/s = generated / wall time:\n",
+        o.draft, o.draft_fixed ? "fixed" : "adaptive", o.draft_p_min, o.draft_gen, o.reps);
+  }
+  for (const std::string kind : {"copy", "prose"}) {
+    for (int n : o.draft_streams) {
+      // Each passage alone and each followed by the next: 8 prompts, `n` at a time.
+      std::vector<std::vector<int32_t>> prompts;
+      const size_t np = std::size(kPassages);
+      for (size_t i = 0; i < 2 * np; ++i) {
+        std::string text = kPassages[i % np];
+        if (i >= np) text += std::string(" ") + kPassages[(i + 1) % np];
+        prompts.push_back(chat(kind == "copy" ? "Copy this text exactly:\n\n" + text
+                                              : "Continue this text:\n\n" + text));
+      }
+      DraftRun plain, drafted;
+      for (int rep = 0; rep < o.reps; ++rep) {
+        DraftRun p = draft_run(model, o, prompts, stops, n, 0);
+        DraftRun d = draft_run(model, o, prompts, stops, n, o.draft);
+        same = same && p.replies == d.replies;
+        if (p.tokens_per_s > plain.tokens_per_s) plain = std::move(p);
+        if (d.tokens_per_s > drafted.tokens_per_s) drafted = std::move(d);
+      }
+      const EngineStats& st = drafted.stats;
+      const double rate = st.drafted_tokens ? double(st.accepted_tokens) / st.drafted_tokens : 0;
+      const double mean_len = st.draft_steps ? double(st.accepted_tokens) / st.draft_steps : 0;
+      int64_t tokens = 0;
+      for (const auto& r : drafted.replies) tokens += static_cast<int64_t>(r.size());
+      (*out)["draft"].push_back({{"prompt", kind},
+                                 {"streams", n},
+                                 {"reply_tokens", tokens},
+                                 {"plain_tokens_per_s", plain.tokens_per_s},
+                                 {"drafted_tokens_per_s", drafted.tokens_per_s},
+                                 {"speedup", drafted.tokens_per_s / plain.tokens_per_s},
+                                 {"draft_steps", st.draft_steps},
+                                 {"drafted", st.drafted_tokens},
+                                 {"accepted", st.accepted_tokens},
+                                 {"acceptance", rate},
+                                 {"mean_accepted_length", mean_len},
+                                 {"same_tokens", same}});
+      if (!o.json) {
+        std::printf(
+            "  %-5s N=%d: plain %7.1f tok/s, drafted %7.1f tok/s (%.2fx); %lld drafts in "
+            "%lld verify rows, %.1f%% accepted, mean accepted length %.2f; %lld reply tokens\n",
+            kind.c_str(), n, plain.tokens_per_s, drafted.tokens_per_s,
+            drafted.tokens_per_s / plain.tokens_per_s, static_cast<long long>(st.drafted_tokens),
+            static_cast<long long>(st.draft_steps), 100 * rate, mean_len,
+            static_cast<long long>(tokens));
+      }
+    }
+  }
+  if (!same) std::fprintf(stderr, "error: drafted and plain decoding gave different tokens\n");
+  return same;
+}
+
 int run(const Options& o) {
   auto model_or = Model::load(o.model);
   if (!model_or) {
@@ -163,6 +322,11 @@ int run(const Options& o) {
   const Model& model = **model_or;
   std::mt19937 rng(1234);
   nlohmann::json out = {{"model", o.model}, {"prompt_len", o.prompt_len}, {"gen", o.gen}};
+  if (o.draft > 0 && o.draft_only) {
+    const bool ok = draft_bench(model, o, &out);
+    if (o.json) std::printf("%s\n", out.dump(2).c_str());
+    return ok ? 0 : 1;
+  }
   if (!o.json)
     std::printf("aggregate decode (prompt %d, %d tokens each, best of %d):\n", o.prompt_len, o.gen,
                 o.reps);
@@ -189,9 +353,7 @@ int run(const Options& o) {
                  {"ttft_resumed_s", resumed},
                  {"ttft_fresh_s", fresh},
                  {"speedup", resumed > 0 ? fresh / resumed : 0}};
-  if (o.json) {
-    std::printf("%s\n", out.dump(2).c_str());
-  } else {
+  if (!o.json) {
     std::printf(
         "chat turn %d (system %d, user %d, reply %d tokens per turn; median of %d): prompt %lld "
         "tokens, %lld cached\n  time to first token: resumed %.1f ms, fresh %.1f ms (%.1fx)\n",
@@ -199,6 +361,8 @@ int run(const Options& o) {
         static_cast<long long>(turns[0].prompt), static_cast<long long>(turns[0].cached),
         resumed * 1e3, fresh * 1e3, resumed > 0 ? fresh / resumed : 0);
   }
+  if (o.draft > 0 && !draft_bench(model, o, &out)) return 1;
+  if (o.json) std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }
 
@@ -235,6 +399,22 @@ void add_bench_engine(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
   cmd->add_flag("--json", o->json, "Print JSON");
+  cmd->add_option("--draft", o->draft,
+                  "Also compare MTP drafting (up to K drafts) with plain decoding (0 = skip)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 16));
+  cmd->add_flag("--draft-fixed", o->draft_fixed, "Always K drafts (default: adaptive depth)");
+  cmd->add_option("--draft-p-min", o->draft_p_min, "Drafting confidence gate")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--draft-streams", o->draft_streams, "Stream counts for the drafting comparison")
+      ->capture_default_str()
+      ->delimiter(',')
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--draft-gen", o->draft_gen, "Reply cap for the drafting comparison")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 20));
+  cmd->add_flag("--draft-only", o->draft_only, "Only the drafting comparison");
   cmd->callback([o] { exit_code() = run(*o); });
 }
 

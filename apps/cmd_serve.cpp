@@ -1,6 +1,7 @@
 // tensorfold serve: the OpenAI-compatible HTTP server (see src/server/server.h and the README).
 #include <cstdlib>
 
+#include <memory>
 #include <string>
 
 #include "apps/commands.h"
@@ -40,6 +41,22 @@ void add_serve(CLI::App& app) {
                   "Budget of the kept-state pool (e.g. 2GiB; 0 turns it off)")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
+  cmd->add_option("--draft-max", o->draft_max,
+                  "MTP drafts per decode step at most (0 = off; the answers are the same either "
+                  "way, see docs/PERFORMANCE.md for when it pays)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 16));
+  cmd->add_option("--draft-p-min", o->draft_p_min,
+                  "Stop drafting before a draft whose MTP-head probability is below this")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_flag_callback(
+      "--draft-fixed", [o] { o->draft_adaptive = false; },
+      "Always draft --draft-max tokens (default: adapt the depth per request to measured speed)");
+  auto no_draft = std::make_shared<bool>(false);
+  cmd->add_flag_callback(
+      "--no-draft", [no_draft] { *no_draft = true; },
+      "Turn MTP drafting off whatever --draft-max says");
   cmd->add_option("--threads", o->threads, "Model worker threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
@@ -115,7 +132,8 @@ void add_serve(CLI::App& app) {
         auto b = residency::parse_bytes(v);
         return b ? "" : b.status().message();
       });
-  cmd->callback([o] {
+  cmd->callback([o, no_draft] {
+    if (*no_draft) o->draft_max = 0;
     if (o->api_key.empty()) {
       if (const char* k = std::getenv("TENSORFOLD_API_KEY")) o->api_key = k;
     }

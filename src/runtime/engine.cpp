@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <ctime>
 #include <utility>
 
 namespace tf {
@@ -23,6 +24,13 @@ namespace {
 int64_t align_down(int64_t n) {
   return n / kDeltaChunk * kDeltaChunk;
 }
+// CPU seconds of the process: the drafting policy's clock (the cost of a step is the work it
+// does, which other processes' load disturbs less than wall time).
+double cpu_now() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 }  // namespace
 
 Engine::Engine(const Model& model, const EngineOptions& o)
@@ -31,6 +39,7 @@ Engine::Engine(const Model& model, const EngineOptions& o)
       pool_(o.threads),
       sched_(o.scheduler),
       states_(o.state_cache_bytes, kDeltaChunk) {
+  mtp_ = o.draft_max > 0 && model.has_mtp();
   TF_CHECK(o.scheduler.prefill_align % kDeltaChunk == 0, "prefill_align {} vs chunk {}",
            o.scheduler.prefill_align, kDeltaChunk);
   thread_ = std::thread([this] { loop(); });
@@ -50,7 +59,8 @@ void Engine::shutdown() {
 }
 
 std::unique_ptr<Engine::Active> Engine::make_active(GenerationRequest r) {
-  auto a = std::make_unique<Active>(Active{std::move(r), {}, Sampler({}), {}, false, 0, 0, -1, {}});
+  auto a = std::make_unique<Active>(
+      Active{std::move(r), {}, Sampler({}), {}, false, 0, 0, -1, {}, {}, 0, {}});
   a->sampler = Sampler(a->req.sampling);
   return a;
 }
@@ -181,7 +191,7 @@ void Engine::keep_turn(const Active& a) {
   job->internal = true;
   MissReason reason;
   const int64_t from = states_.find(turn, end - 1, &job->state, &reason, /*count=*/false);
-  if (from == 0) job->state = model_.new_state(o_.buffers);
+  if (from == 0) job->state = model_.new_state(o_.buffers, mtp_);
   job->req.prompt.assign(turn.begin(), turn.begin() + end);
   job->cuts = {end};
   std::lock_guard<std::mutex> lock(mu_);
@@ -201,8 +211,9 @@ void Engine::admit(const std::vector<uint64_t>& ids) {
     const std::vector<int32_t>& p = a.req.prompt;
     MissReason reason;
     a.n_cached = states_.find(p, static_cast<int64_t>(p.size()) - 1, &a.state, &reason);
+    if (mtp_ && a.req.draft) a.policy.emplace(o_.draft_max);
     if (a.n_cached == 0) {
-      a.state = model_.new_state(o_.buffers);
+      a.state = model_.new_state(o_.buffers, mtp_);
       continue;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -231,44 +242,102 @@ void Engine::step() {
   StepPlan plan;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (mtp_) {
+      for (auto& [id, a] : active_) {
+        if (a->policy && a->last >= 0) sched_.set_draft(id, want_drafts(*a));
+      }
+    }
     plan = sched_.plan();
   }
   if (plan.empty()) return;
+  const double c0 = mtp_ ? cpu_now() : 0.0;
 
-  // Run: one forward over every row of the step.
+  // Draft: one batched Model::draft over the decode rows granted drafts.
+  std::vector<DraftInput> din;
+  std::vector<Active*> drafting;
+  for (const StepRow& r : plan.rows) {
+    if (!r.decode) continue;
+    Active& a = *active_.at(r.seq);
+    a.k = r.draft;
+    a.feed.assign(1, a.last);
+    if (r.draft == 0) continue;
+    din.push_back(DraftInput{&a.state, a.last, r.draft, o_.draft_p_min});
+    drafting.push_back(&a);
+  }
+  if (!din.empty()) {
+    std::vector<Draft> drafts(din.size());
+    model_.draft(din, drafts, &pool_);
+    for (size_t i = 0; i < drafts.size(); ++i) {
+      drafting[i]->feed.insert(drafting[i]->feed.end(), drafts[i].tokens.begin(),
+                               drafts[i].tokens.end());
+    }
+  }
+
+  // Run: one forward over every row of the step (verify rows [x, d_1 .. d_j] among them).
   std::vector<StepInput> inputs;
   for (const StepRow& r : plan.rows) {
     Active& a = *active_.at(r.seq);
-    std::span<const int32_t> toks =
-        r.decode ? std::span<const int32_t>(&a.last, 1)
+    const std::span<const int32_t> toks =
+        r.decode ? std::span<const int32_t>(a.feed)
                  : std::span<const int32_t>(a.req.prompt).subspan(r.begin, r.count);
     inputs.push_back(StepInput{.state = &a.state,
                                .tokens = toks,
+                               .verify = r.decode && a.feed.size() > 1,
                                .form = r.decode ? DeltaForm::kRecurrent : DeltaForm::kChunked});
   }
   std::vector<float> logits;
   model_.forward(inputs, &logits, &pool_);
+  const double cost = mtp_ ? cpu_now() - c0 : 0.0;
 
-  // Commit: keep states at cut points; sample where a row ends a prompt or decodes; emit; finish.
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    sched_.commit(plan);
-    ++stats_.steps;
-  }
+  // Commit: keep states at cut points; sample where a row ends a prompt or decodes (every verify
+  // row, up to the first rejected draft); emit; finish; then advance the scheduler by what was
+  // accepted. Logits rows: a verify input has one per token, any other input one.
   const int64_t V = model_.config().vocab_size;
+  size_t row = 0;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
-    commit_row(plan.rows[i], std::span<const float>(&logits[i * V], V));
+    const size_t n = inputs[i].verify ? inputs[i].tokens.size() : 1;
+    commit_row(plan.rows[i], std::span<const float>(&logits[row * V], n * V), cost);
+    row += n;
   }
   std::lock_guard<std::mutex> lock(mu_);
+  sched_.commit(plan);
+  ++stats_.steps;
   stats_.pool = states_.stats();
 }
 
-void Engine::commit_row(const StepRow& r, std::span<const float> logits) {
+int Engine::want_drafts(Active& a) {
+  const int k = o_.draft_adaptive ? a.policy->next() : o_.draft_max;
+  // Tokens still wanted: at most room - 1 drafts (+ the target's own token) can be used. Row i of
+  // a verify pass leaves n_past = base + 1 + i, and plain decoding stops once n_past + 1 reaches
+  // ctx_size, so rows past ctx_size - 2 - base are never sampled.
+  const int64_t room = a.req.max_tokens - a.n_generated;
+  const int64_t ctx_room = o_.ctx_size - 2 - a.state.n_past;
+  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>({k, room - 1, ctx_room})));
+}
+
+bool Engine::cancel_pending(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::find(cancels_.begin(), cancels_.end(), id) != cancels_.end();
+}
+
+void Engine::commit_row(StepRow& r, std::span<const float> logits, double step_cost) {
+  if (r.decode) {
+    commit_decode(r, logits, step_cost);
+    return;
+  }
   Active& a = *active_.at(r.seq);
   const int64_t end = r.begin + r.count;
-  if (!r.decode) {
-    if (std::find(a.cuts.begin(), a.cuts.end(), end) != a.cuts.end())
-      states_.put(std::span<const int32_t>(a.req.prompt).first(end), a.state);
+  if (std::find(a.cuts.begin(), a.cuts.end(), end) != a.cuts.end()) {
+    // A prompt row never opens a verify window. The kept copy carries no verify scratch, and the
+    // MTP head's pending rows are computed once here rather than by every resume.
+    a.state.release_verify();
+    if (a.state.has_mtp) {
+      SequenceState* st = &a.state;
+      model_.mtp_sync({&st, 1}, &pool_);
+    }
+    states_.put(std::span<const int32_t>(a.req.prompt).first(end), a.state);
+  }
+  {
     std::lock_guard<std::mutex> lock(mu_);
     (a.internal ? stats_.keep_tokens : stats_.prompt_tokens) += r.count;
   }
@@ -277,12 +346,53 @@ void Engine::commit_row(const StepRow& r, std::span<const float> logits) {
     finish(r.seq, FinishReason::kStop, -1);  // its state is kept; nothing to sample
     return;
   }
-  const int32_t tok = a.sampler.sample(logits);
+  take(r.seq, a, a.sampler.sample(logits), logits, a.state.n_past);
+}
+
+void Engine::commit_decode(StepRow& r, std::span<const float> logits, double step_cost) {
+  Active& a = *active_.at(r.seq);
+  const int64_t V = model_.config().vocab_size;
+  const int64_t base = r.begin;  // n_past before the step; feed[i] sat at position base + i
+  const std::vector<int32_t> feed = std::move(a.feed);
+  const int64_t j = static_cast<int64_t>(feed.size()) - 1;  // drafts fed
+  const int k = a.k;
+  if (j > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.draft_steps;
+    stats_.drafted_tokens += j;
+  }
+  // Row i holds the target's logits after feed[0 .. i]: sample it as plain decoding would, and go
+  // on to row i + 1 only while the token is the draft fed next (d_{i+1} = feed[i + 1]).
+  int64_t i = 0;
+  for (;; ++i) {
+    if (i > 0 && cancel_pending(r.seq)) {  // nothing more is emitted once cancelled
+      finish(r.seq, FinishReason::kCancelled, -1);
+      return;
+    }
+    const std::span<const float> row = logits.subspan(i * V, V);
+    const int32_t tok = a.sampler.sample(row);
+    const bool accepted = i < j && tok == feed[i + 1];
+    if (accepted) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.accepted_tokens;
+    }
+    if (!take(r.seq, a, tok, row, base + 1 + i)) return;  // finished: `a` is gone
+    if (!accepted) break;
+  }
+  // Keep x, d_1 .. d_i: exactly plain decoding's state after the tokens emitted but the last.
+  if (j > 0) a.state.rollback(base + 1 + i);
+  r.count = 1 + i;
+  if (a.policy && o_.draft_adaptive) a.policy->observe(k, static_cast<int>(i) + 1, step_cost);
+  if (o_.on_decode_state) o_.on_decode_state(r.seq, a.state);
+}
+
+bool Engine::take(uint64_t id, Active& a, int32_t tok, std::span<const float> logits,
+                  int64_t n_past) {
   a.reply.push_back(tok);
   const auto& stops = a.req.stop_tokens;
   if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-    finish(r.seq, FinishReason::kStop, -1);
-    return;
+    finish(id, FinishReason::kStop, -1);
+    return false;
   }
   a.last = tok;
   ++a.n_generated;
@@ -290,11 +400,12 @@ void Engine::commit_row(const StepRow& r, std::span<const float> logits) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.generated_tokens;
   }
-  if (a.n_generated >= a.req.max_tokens || a.state.n_past + 1 >= o_.ctx_size) {
-    finish(r.seq, FinishReason::kLength, tok, logits);  // the last token travels on the final event
-    return;
+  if (a.n_generated >= a.req.max_tokens || n_past + 1 >= o_.ctx_size) {
+    finish(id, FinishReason::kLength, tok, logits);  // the last token travels on the final event
+    return false;
   }
   if (a.req.on_event) a.req.on_event(event(a, tok, logits));
+  return true;
 }
 
 }  // namespace tf

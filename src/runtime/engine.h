@@ -5,6 +5,18 @@
 //   run:      ONE Model::forward over all rows of the step (the only code that computes);
 //   commit:   sample each row that ends a prompt or decodes, emit events, finish sequences.
 //
+// MTP drafting (qwen3-next.md §6, EngineOptions::draft_max > 0 on a model with an MTP head): before
+// the forward, Model::draft runs batched over the decode rows of the requests that draft this step
+// (k_i drafts each, within the step's token budget); each such row is fed as a verify row
+// [x, d_1 .. d_j] in the same forward as every other row. Commit samples the verify rows in order
+// with the request's own sampler, exactly as plain decoding would sample them one step at a time,
+// and accepts draft d_{i+1} while the token sampled from row i equals it; the first token that
+// differs (or the token after the last draft) is the target's own. So the tokens are those plain
+// decoding gives, greedy or seeded sampling alike (with temperature > 0 this is the lossless
+// speculative-sampling rule for a drafter whose proposal is its argmax, q = one-hot(d): accept with
+// probability p(d), else draw from p without d; and the RNG is used exactly as without drafts).
+// Then SequenceState::rollback keeps x, d_1 .. d_m: the state is, bit for bit, plain decoding's.
+//
 // Kept states (runtime/state_pool.h): a request is admitted from the longest kept prefix of its
 // prompt and prefills only the rest. Its prefill is cut at the prompt's last 64-aligned position
 // (and at the aligned ends the caller names, e.g. the system prompt's), where the state is kept.
@@ -24,11 +36,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
 
 #include "model/model.h"
+#include "model/mtp.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 #include "runtime/state_pool.h"
@@ -57,6 +71,9 @@ struct GenerationRequest {
   // Prompt lengths at whose (64-aligned-down) ends a state should be kept besides the prompt's
   // own, e.g. the end of the system prompt, which other chats share.
   std::vector<int64_t> keep_prefixes;
+  // MTP drafting for this request; false: never (it then decodes one token per step). Drafting
+  // also needs EngineOptions::draft_max > 0 and an MTP head; it never changes the tokens.
+  bool draft = true;
   std::function<void(const TokenEvent&)> on_event;
 };
 
@@ -67,13 +84,24 @@ struct EngineOptions {
   size_t state_cache_bytes = size_t{2} << 30;  // kept-state pool budget (0: no pool)
   // Follows every sequence-state and kept-snapshot buffer (the residency owner); nullptr: none.
   BufferObserver* buffers = nullptr;
+  // MTP drafting: drafts per decode row at most (0: off; needs a model with an MTP head). Off by
+  // default: on the CPU it does not pay for tiny-next (docs/PERFORMANCE.md, MTP drafting).
+  int draft_max = 0;
+  float draft_p_min = 0.0f;    // stop before a draft whose head probability is below this
+  bool draft_adaptive = true;  // pick k in 0..draft_max per request and step (DraftPolicy)
+  // For tests: called on the engine thread after each decode row's commit, with the request's id
+  // and its state (verify window closed), while the request goes on; empty: none.
+  std::function<void(uint64_t, const SequenceState&)> on_decode_state;
 };
 
 struct EngineStats {
   uint64_t steps = 0, prompt_tokens = 0, generated_tokens = 0;
   uint64_t keep_jobs = 0, keep_tokens = 0;  // internal prefills that extend kept states
-  size_t waiting = 0, running = 0;          // requests (keep jobs not included)
-  size_t keeping = 0;                       // keep jobs queued or running
+  // MTP drafting: verify rows that carried drafts, drafts proposed, drafts accepted (emitted as
+  // the target's own tokens). Mean accepted length = accepted_tokens / draft_steps.
+  uint64_t draft_steps = 0, drafted_tokens = 0, accepted_tokens = 0;
+  size_t waiting = 0, running = 0;  // requests (keep jobs not included)
+  size_t keeping = 0;               // keep jobs queued or running
   StatePoolStats pool;
 };
 
@@ -99,6 +127,8 @@ class Engine {
   void wake();
   const Model& model() const { return model_; }
   const EngineOptions& options() const { return o_; }
+  // Whether the engine drafts at all (draft_max > 0 and the model has an MTP head).
+  bool drafting() const { return mtp_; }
 
  private:
   struct Active {
@@ -111,18 +141,31 @@ class Engine {
     int64_t n_generated = 0;
     int32_t last = -1;           // last sampled token, fed by the next decode row
     std::vector<int32_t> reply;  // every sampled token, the stop token included
+    // MTP drafting (requests that may draft only): the depth policy, and this step's k and feed.
+    std::optional<DraftPolicy> policy;
+    int k = 0;                  // drafts asked for this step (0: a plain decode row)
+    std::vector<int32_t> feed;  // this step's decode row: [last, d_1 .. d_j]
   };
   static std::unique_ptr<Active> make_active(GenerationRequest r);
   static TokenEvent event(const Active& a, int32_t token, std::span<const float> logits);
   void loop();
   void step();
   void admit(const std::vector<uint64_t>& ids);
-  void commit_row(const StepRow& r, std::span<const float> logits);
+  void commit_row(StepRow& r, std::span<const float> logits, double step_cost);
+  // A decode row, plain or verify: logits [1 + j, V] for feed [last, d_1 .. d_j].
+  void commit_decode(StepRow& r, std::span<const float> logits, double step_cost);
+  bool cancel_pending(uint64_t id) const;  // cancel() was called for id since the step began
+  int want_drafts(Active& a);  // k for the next decode row of a decoding request (asks its policy)
+  // A token sampled from `logits` after which the state holds n_past positions (as plain decoding
+  // leaves it): recorded; a stop token or a limit finishes the request (false: `a` is gone), else
+  // it is emitted.
+  bool take(uint64_t id, Active& a, int32_t tok, std::span<const float> logits, int64_t n_past);
   void finish(uint64_t id, FinishReason reason, int32_t token, std::span<const float> logits = {});
   void keep_turn(const Active& a);
 
   const Model& model_;
   EngineOptions o_;
+  bool mtp_ = false;  // states carry the MTP head and requests may draft
   ThreadPool pool_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -66,14 +66,29 @@ void Scheduler::resume(uint64_t seq, int64_t n_past) {
   }
 }
 
+void Scheduler::set_draft(uint64_t seq, int draft) {
+  for (Seq& s : running_) {
+    if (s.id == seq) s.draft = std::max(draft, 0);
+  }
+}
+
 StepPlan Scheduler::plan() const {
   StepPlan plan;
   int64_t budget = o_.batch_tokens;
-  // Decode rows first: a long prompt never stalls the streams that are decoding.
+  // Decode rows first: a long prompt never stalls the streams that are decoding. Every decoding
+  // sequence gets its one token before any gets drafts, so drafts never starve a stream.
   for (const Seq& s : running_) {
     if (s.decoding() && budget > 0) {
       plan.rows.push_back(StepRow{s.id, s.n_past, 1, true, true});
       --budget;
+    }
+  }
+  for (StepRow& r : plan.rows) {
+    for (const Seq& s : running_) {
+      if (s.id != r.seq || s.draft == 0) continue;
+      r.draft = static_cast<int>(std::min<int64_t>(s.draft, budget));
+      r.count += r.draft;
+      budget -= r.draft;
     }
   }
   for (const Seq& s : running_) {

@@ -29,6 +29,10 @@ struct StepRow {
   int64_t count = 0;     // tokens fed
   bool decode = false;   // a decode row (one generated token) rather than a prompt chunk
   bool samples = false;  // this row's last token yields a token to sample (prompt end or decode)
+  // Decode rows only: MTP drafts this row may carry (0: a plain decode row). The budget counts
+  // the whole verify pass, count = 1 + draft; the engine feeds 1 + j tokens (j <= draft drafts
+  // pass its gate) and reports the accepted length to commit() through count.
+  int draft = 0;
 };
 
 struct StepPlan {
@@ -65,11 +69,17 @@ class Scheduler {
   // Moves an admitted sequence that has not run yet to position n_past (it resumes from a kept
   // state there); n_past must be a cut-free point before the prompt's end.
   void resume(uint64_t seq, int64_t n_past);
-  // One decode row per decoding sequence (in admission order), then prefill chunks FIFO within
-  // the remaining budget, each ending at an aligned position, a cut or the prompt's end.
+  // Drafts a decoding sequence wants in its next decode rows (0: none); plan() grants fewer when
+  // the step's budget is short. Unknown ids are ignored.
+  void set_draft(uint64_t seq, int draft);
+  // One decode row per decoding sequence (in admission order, each with the drafts it wants, as
+  // far as the budget goes), then prefill chunks FIFO within the remaining budget, each ending at
+  // an aligned position, a cut or the prompt's end.
   StepPlan plan() const;
-  // Records that the plan ran: advances positions, moves sequences whose prompt is done to
-  // decoding. Call finish() for sequences that ended in this step (stop, length, cancel).
+  // Records that the plan ran: advances each sequence by its row's count (for a decode row with
+  // drafts: 1 + the drafts accepted, which the engine writes into the row), moves sequences whose
+  // prompt is done to decoding. Call finish() for sequences that ended in this step (stop, length,
+  // cancel).
   void commit(const StepPlan& plan);
   void finish(uint64_t seq) { cancel(seq); }
 
@@ -88,6 +98,7 @@ class Scheduler {
     int64_t prompt_end;         // position after the last prompt token
     std::vector<int64_t> cuts;  // ascending
     bool internal = false;
+    int draft = 0;  // drafts wanted per decode row (set_draft)
     bool decoding() const { return n_past >= prompt_end; }
     int64_t next_cut() const;  // first cut after n_past, or prompt_end
   };

@@ -43,7 +43,7 @@ struct ApiRequest {
   bool include_usage = false;    // stream_options.include_usage
   std::string reasoning_format;  // "parsed" | "inline" | "" (server default)
   bool ignore_eos = false;       // vLLM's extension: do not stop at end-of-sequence tokens
-  bool draft = true;             // per-request MTP drafting switch (accepted; used by issue 8)
+  bool draft = true;             // false: no MTP drafting for this request (same tokens)
 };
 
 struct ParseLimits {

@@ -172,6 +172,16 @@ class Service {
     eo.ctx_size = o_.ctx_size;
     eo.threads = o_.threads;
     eo.state_cache_bytes = o_.state_cache_bytes;
+    eo.draft_max = o_.draft_max;
+    eo.draft_p_min = o_.draft_p_min;
+    eo.draft_adaptive = o_.draft_adaptive;
+    if (o_.draft_max > 0 && !model_->has_mtp()) {
+      spdlog::warn("drafting: off ({} has no MTP head, --draft-max {} ignored)", o_.model_dir,
+                   o_.draft_max);
+    } else if (o_.draft_max > 0) {
+      spdlog::info("drafting: up to {} MTP drafts per step ({}, p_min {})", o_.draft_max,
+                   o_.draft_adaptive ? "adaptive" : "fixed", o_.draft_p_min);
+    }
     if (o_.residency) {
       residency_ = ServerResidency::hold(*model_, o_.residency_budget, o_.residency_touch);
       if (residency_) eo.buffers = residency_->observer();
@@ -261,6 +271,19 @@ class Service {
         "gauge\n"
         "tensorfold_model_loaded {}\n",
         s.waiting, s.running, s.steps, ready_ ? 1 : 0);
+    // Mean accepted length = accepted / steps; acceptance rate = accepted / drafted.
+    out += fmt::format(
+        "# HELP tensorfold_draft_enabled 1 when the engine drafts with the MTP head "
+        "(--draft-max > 0 and the model has one).\n"
+        "# TYPE tensorfold_draft_enabled gauge\ntensorfold_draft_enabled {}\n"
+        "# HELP tensorfold_draft_steps_total Verify rows that carried MTP drafts.\n"
+        "# TYPE tensorfold_draft_steps_total counter\ntensorfold_draft_steps_total {}\n"
+        "# HELP tensorfold_draft_tokens_total MTP draft tokens proposed.\n"
+        "# TYPE tensorfold_draft_tokens_total counter\ntensorfold_draft_tokens_total {}\n"
+        "# HELP tensorfold_draft_accepted_tokens_total Draft tokens the target agreed with.\n"
+        "# TYPE tensorfold_draft_accepted_tokens_total counter\n"
+        "tensorfold_draft_accepted_tokens_total {}\n",
+        engine_ && engine_->drafting() ? 1 : 0, s.draft_steps, s.drafted_tokens, s.accepted_tokens);
     const StatePoolStats& p = s.pool;
     out += fmt::format(
         "# HELP tensorfold_state_cache_hits_total Requests resumed from a kept state.\n"
@@ -464,6 +487,7 @@ class Service {
     const int64_t room = o_.ctx_size - static_cast<int64_t>(g->prompt.size());
     r.max_tokens = g->api.max_tokens > 0 ? std::min(g->api.max_tokens, room) : room;
     if (!g->api.ignore_eos) r.stop_tokens = stop_tokens_;
+    r.draft = g->api.draft;
     if (g->keep_prefix > 0) r.keep_prefixes = {g->keep_prefix};
     std::weak_ptr<Channel> ch = g->channel;
     r.on_event = [ch](const TokenEvent& e) {

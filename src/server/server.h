@@ -21,12 +21,17 @@ struct ServerOptions {
   int64_t ctx_size = 16384;                    // positions per sequence
   int threads = 0;                             // model worker threads (0 = all cores)
   size_t state_cache_bytes = size_t{2} << 30;  // kept-state pool budget (0: off)
-  int http_threads = 64;                       // connections served at once
-  size_t max_body_bytes = 8 << 20;             // larger bodies get 413
-  bool enable_thinking = true;                 // default of chat_template_kwargs.enable_thinking
-  std::string reasoning_format = "parsed";     // "parsed" (reasoning_content) or "inline"
-  int keepalive_ms = 2000;                     // SSE comment interval while nothing is produced
-  bool log_json = false;                       // one JSON object per log line
+  // MTP drafting (EngineOptions): drafts per step at most (0: off, the default: it does not pay
+  // on the CPU, docs/PERFORMANCE.md), the head-confidence gate, adaptive depth.
+  int draft_max = 0;
+  float draft_p_min = 0.0f;
+  bool draft_adaptive = true;
+  int http_threads = 64;                    // connections served at once
+  size_t max_body_bytes = 8 << 20;          // larger bodies get 413
+  bool enable_thinking = true;              // default of chat_template_kwargs.enable_thinking
+  std::string reasoning_format = "parsed";  // "parsed" (reasoning_content) or "inline"
+  int keepalive_ms = 2000;                  // SSE comment interval while nothing is produced
+  bool log_json = false;                    // one JSON object per log line
   // Residency (../shared/design/residency.md): hold the engine's buffers resident; the tick.
   bool residency = true;             // false: no owner at all (--no-residency)
   size_t residency_budget = 0;       // host bytes; 0: 70% of physical RAM

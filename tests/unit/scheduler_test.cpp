@@ -126,5 +126,34 @@ TEST(Scheduler, InternalSequencesTakeNoCapacity) {
   EXPECT_EQ(s.waiting(), 3u);
 }
 
+// Drafts take budget after every decoding sequence has its own token, in admission order; a
+// prefill chunk gets what is left; commit advances a drafting sequence by the count the engine
+// writes back (1 + drafts accepted), not by the planned 1 + k. (Checked to fail by granting
+// drafts inside the first loop, before the second sequence's decode row.)
+TEST(Scheduler, DraftsCountInTheBudget) {
+  Scheduler s({.max_running = 3, .batch_tokens = 3, .max_queue = 8, .prefill_align = 64});
+  ASSERT_TRUE(s.enqueue(1, 0, 1));
+  ASSERT_TRUE(s.enqueue(2, 0, 2));
+  StepPlan p = s.schedule();  // both prompts whole: 3 tokens
+  s.commit(p);
+  ASSERT_TRUE(s.enqueue(3, 0, 64));
+  s.admit();
+  s.set_draft(1, 3);
+  s.set_draft(2, 3);
+  p = s.plan();
+  // 3 tokens: two decode rows, then the one token left is a draft for 1; nothing for 2 or 3.
+  expect_rows(p, {{1, 1, 2, true}, {2, 2, 1, true}}, 0);
+  EXPECT_EQ(p.rows[0].draft, 1);
+  EXPECT_EQ(p.rows[1].draft, 0);
+  EXPECT_EQ(p.tokens(), 3);
+  p.rows[0].count = 1;  // 1's draft was rejected: it advances by its own token only
+  s.commit(p);
+  s.set_draft(1, 0);
+  s.set_draft(2, 0);
+  p = s.plan();  // no drafts; 3's prompt gets 1 token, no aligned cut inside it: it waits
+  expect_rows(p, {{1, 2, 1, true}, {2, 3, 1, true}}, 1);
+  EXPECT_EQ(p.rows[0].draft, 0);
+}
+
 }  // namespace
 }  // namespace tf
