@@ -40,6 +40,7 @@ struct Options {
   int threads = 0;
   bool json = false;
   // Drafting (3): K (0: skip), fixed depth or adaptive, gate, stream counts, reply cap.
+  std::string device = "cpu";  // --device
   int draft = 0;
   bool draft_fixed = false;
   float draft_p_min = 0.0f;
@@ -232,11 +233,8 @@ DraftRun draft_run(const Model& model, const Options& o,
 
 // Plain vs drafted decoding on copy and prose chat prompts; false when the model cannot draft
 // or the two gave different tokens.
+// The model has an MTP head (run() checks).
 bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
-  if (!model.has_mtp()) {
-    std::fprintf(stderr, "error: --draft: %s has no MTP head (mtp.* tensors)\n", o.model.c_str());
-    return false;
-  }
   auto tk = tok::Tokenizer::load(o.model);
   auto tmpl = tok::ChatTemplate::load(o.model);
   if (!tk || !tmpl) {
@@ -319,9 +317,17 @@ int run(const Options& o) {
     std::fprintf(stderr, "error: %s\n", model_or.status().to_string().c_str());
     return 1;
   }
+  if (!use_device(**model_or, o.device)) return 1;
   const Model& model = **model_or;
+  if (o.draft > 0 && !model.has_mtp()) {
+    std::fprintf(stderr, "error: --draft: %s\n",
+                 model.on_device() ? "no drafting on the device yet (use --device cpu)"
+                                   : "the model has no MTP head (mtp.* tensors)");
+    return 2;
+  }
   std::mt19937 rng(1234);
-  nlohmann::json out = {{"model", o.model}, {"prompt_len", o.prompt_len}, {"gen", o.gen}};
+  nlohmann::json out = {
+      {"model", o.model}, {"device", o.device}, {"prompt_len", o.prompt_len}, {"gen", o.gen}};
   if (o.draft > 0 && o.draft_only) {
     const bool ok = draft_bench(model, o, &out);
     if (o.json) std::printf("%s\n", out.dump(2).c_str());
@@ -395,6 +401,7 @@ void add_bench_engine(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--reps", o->reps)->capture_default_str()->check(CLI::Range(1, 100));
+  add_device_option(cmd, &o->device);
   cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));

@@ -45,8 +45,9 @@ struct GenerateOptions {
   bool ignore_eos = false;
   std::string dump_logits;
   int threads = 0;
-  int tp = 1;     // tensor-parallel ranks (--tp)
-  int draft = 0;  // MTP drafts per step (0: plain decoding)
+  int tp = 1;                  // tensor-parallel ranks (--tp)
+  std::string device = "cpu";  // --device
+  int draft = 0;               // MTP drafts per step (0: plain decoding)
   float draft_p_min = 0.0f;
   bool draft_fixed = false;
 };
@@ -58,6 +59,7 @@ int run_generate(const GenerateOptions& o) {
     return 1;
   }
   Model& model = **model_or;
+  if (!use_device(model, o.device)) return 1;
   auto ids_or = parse_prompt_ids(o.prompt_ids, model.config().vocab_size);
   if (!ids_or) {
     std::fprintf(stderr, "error: %s\n", ids_or.status().to_string().c_str());
@@ -66,7 +68,9 @@ int run_generate(const GenerateOptions& o) {
   const std::vector<int32_t> prompt = *ids_or;
   if (o.draft > 0) {
     if (!model.has_mtp()) {
-      std::fprintf(stderr, "error: --draft: %s has no MTP head (mtp.* tensors)\n", o.model.c_str());
+      std::fprintf(stderr, "error: --draft: %s\n",
+                   model.on_device() ? "no drafting on the device yet (use --device cpu)"
+                                     : "the model has no MTP head (mtp.* tensors)");
       return 2;
     }
     if (o.sampling.temperature != 0.0f || !o.dump_logits.empty()) {
@@ -187,6 +191,7 @@ void add_generate(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--min-p", o->sampling.min_p)->capture_default_str()->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", o->sampling.seed)->capture_default_str();
+  add_device_option(cmd, &o->device);
   cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));

@@ -57,6 +57,7 @@ void add_serve(CLI::App& app) {
   cmd->add_flag_callback(
       "--no-draft", [no_draft] { *no_draft = true; },
       "Turn MTP drafting off whatever --draft-max says");
+  add_device_option(cmd, &o->device);
   cmd->add_option("--threads", o->threads, "Model worker threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));

@@ -10,6 +10,10 @@
 
 #include "core/status.h"
 
+namespace tf {
+class Model;
+}
+
 namespace tf::app {
 
 void add_generate(CLI::App& app);
@@ -34,6 +38,11 @@ Result<std::vector<int32_t>> parse_prompt_ids(const std::string& s, int64_t voca
 // 0's model is gone. *threads 0 becomes the cores per rank.
 void add_tp_option(CLI::App* cmd, int* tp);
 int run_with_tp(int tp, const std::string& model, int* threads, const std::function<int()>& lead);
+
+// --device cpu|cuda (apps/device_option.cpp): the option, and moving a loaded model onto the
+// device it names (Model::use_cuda); false after printing the error when it cannot.
+void add_device_option(CLI::App* cmd, std::string* device);
+bool use_device(Model& model, const std::string& device);
 
 // Exit code of a subcommand, set by its callback.
 int& exit_code();

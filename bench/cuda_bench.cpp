@@ -7,7 +7,8 @@
 //
 // Options: --batches 1,8,32  --steps 64 (timed decode steps per batch)  --prompt 32 (prefill of
 // each decode sequence)  --prefill 512 (the prefill measurement's tokens)  --no-graphs  --kernels
-// (first, a table of the decode kernels one by one at the model's shapes).
+// (first, a table of the decode kernels one by one at the model's shapes)  --engine (with --model:
+// then the same decode through the runtime Engine, as the server runs it, Model::use_cuda).
 // Bytes per decode step: every non-expert weight of the layers once, the lm_head once, one
 // embedding row per row, and per MoE layer the distinct routed experts of the step (k at batch 1;
 // at batch B the expected number under uniform routing, E (1 - (1 - k/E)^B)); plus per sequence
@@ -17,9 +18,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -31,6 +34,7 @@
 #include "io/config.h"
 #include "model/cuda_model.h"
 #include "model/model.h"
+#include "runtime/engine.h"
 
 namespace tf {
 namespace {
@@ -273,6 +277,45 @@ void kernel_table(const ModelConfig& c, int64_t ctx) {
       0);
 }
 
+// Aggregate decode tokens/s of B greedy streams through the Engine (continuous batching; each
+// step's logits rows go to the host and are sampled there): B requests of `prompt` random tokens
+// and `steps` reply tokens each, submitted at once; timed from the moment every stream has its
+// first token to the last token. The best of 2.
+double engine_decode(const Model& model, int B, int prompt, int steps, std::mt19937& rng) {
+  EngineOptions o;
+  o.scheduler.max_running = B;
+  o.threads = 1;
+  o.state_cache_bytes = 0;
+  Engine engine(model, o);
+  std::uniform_int_distribution<int32_t> tok(0,
+                                             static_cast<int32_t>(model.config().vocab_size) - 1);
+  double best = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    std::mutex mu;
+    std::condition_variable cv;
+    int started = 0, done = 0;
+    double t_started = 0, t_done = 0;
+    for (int i = 0; i < B; ++i) {
+      GenerationRequest r;
+      r.prompt.resize(prompt);
+      for (auto& t : r.prompt) t = tok(rng);
+      r.max_tokens = steps;
+      r.on_event = [&, first = true](const TokenEvent& e) mutable {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first && ++started == B) t_started = now_s();
+        first = false;
+        if (e.done && ++done == B) t_done = now_s();
+        cv.notify_all();
+      };
+      if (!engine.submit(std::move(r)).is_ok()) return 0;
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done == B; });
+    best = std::max(best, B * (steps - 1) / (t_done - t_started));
+  }
+  return best;
+}
+
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> v;
   std::stringstream ss(s);
@@ -285,7 +328,7 @@ int run(int argc, char** argv) {
   std::string model, config, load_format = "auto";
   std::vector<int> batches = {1, 8, 32};
   int steps = 64, prompt = 32, prefill = 512;
-  bool graphs = true, kernels = false;
+  bool graphs = true, kernels = false, engine = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -313,11 +356,13 @@ int run(int argc, char** argv) {
       graphs = false;
     else if (a == "--kernels")
       kernels = true;
+    else if (a == "--engine")
+      engine = true;
     else {
       std::fprintf(stderr,
                    "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
                    "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
-                   "[--kernels]\n");
+                   "[--kernels] [--engine]\n");
       return 2;
     }
   }
@@ -331,15 +376,17 @@ int run(int argc, char** argv) {
               static_cast<double>(prop.totalGlobalMem) / (1u << 30), bw);
 
   std::unique_ptr<CudaModel> m;
+  std::unique_ptr<Model> host;  // --model: the checkpoint (--engine moves it to the device)
   std::string name;
   const double t0 = now_s();
   if (!model.empty()) {
-    auto host = Model::load(model);
-    if (!host.is_ok()) {
-      std::fprintf(stderr, "cuda_bench: %s\n", host.status().to_string().c_str());
+    auto h = Model::load(model);
+    if (!h.is_ok()) {
+      std::fprintf(stderr, "cuda_bench: %s\n", h.status().to_string().c_str());
       return 1;
     }
-    auto g = CudaModel::create(**host);
+    host = std::move(*h);
+    auto g = CudaModel::create(*host);
     if (!g.is_ok()) {
       std::fprintf(stderr, "cuda_bench: %s\n", g.status().to_string().c_str());
       return 1;
@@ -442,6 +489,17 @@ int run(int argc, char** argv) {
     std::printf("| decode%s | %d | %.1f | %.3f | %.3f | %.0f | %.1f |\n",
                 graphs ? "" : " (no graphs)", B, B / dt, dt * 1e3, bytes / 1e9, gbs,
                 100.0 * gbs / bw);
+  }
+  if (engine && host) {
+    if (Status st = host->use_cuda(); !st.is_ok()) {
+      std::fprintf(stderr, "cuda_bench: %s\n", st.to_string().c_str());
+      return 1;
+    }
+    std::printf(
+        "\n| engine (--device cuda), greedy | streams | decode tokens/s |\n|---|---|---|\n");
+    for (int B : batches)
+      std::printf("| prompt %d, %d tokens each | %d | %.1f |\n", prompt, steps, B,
+                  engine_decode(*host, B, prompt, steps, rng));
   }
   return 0;
 }

@@ -337,6 +337,40 @@ void CudaModel::drop_graphs() {
   graphs_.clear();
 }
 
+std::unique_ptr<DeviceState> CudaSequenceState::clone() const {
+  auto c = std::make_unique<CudaSequenceState>();
+  c->n_past = n_past;
+  c->layers.resize(layers.size());
+  auto copy = [](DeviceArray<float>& to, const DeviceArray<float>& from, size_t n) {
+    to = DeviceArray<float>(n);
+    if (n > 0)
+      TF_CUDA_CHECK(
+          cudaMemcpy(to.data(), from.data(), n * sizeof(float), cudaMemcpyDeviceToDevice));
+  };
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Layer& a = layers[i];
+    Layer& b = c->layers[i];
+    if (a.capacity > 0) {
+      const size_t kv_row = a.k.size() / static_cast<size_t>(a.capacity);
+      b.capacity = n_past;
+      copy(b.k, a.k, n_past * kv_row);
+      copy(b.v, a.v, n_past * kv_row);
+    }
+    copy(b.conv, a.conv, a.conv.size());
+    copy(b.S, a.S, a.S.size());
+  }
+  // Device-to-device cudaMemcpy may return before the copy is done, and the model's stream does
+  // not wait for the legacy stream (cudaStreamNonBlocking).
+  TF_CUDA_CHECK(cudaDeviceSynchronize());
+  return c;
+}
+
+size_t CudaSequenceState::bytes() const {
+  size_t n = 0;
+  for (const Layer& l : layers) n += l.k.size() + l.v.size() + l.conv.size() + l.S.size();
+  return n * sizeof(float);
+}
+
 CudaSequenceState CudaModel::new_state() const {
   const ModelConfig& c = config();
   CudaSequenceState s;

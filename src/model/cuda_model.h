@@ -40,8 +40,14 @@ class DeviceArray {
   size_t n_ = 0;
 };
 
-// One sequence's state on the device (CudaModel::new_state).
-struct CudaSequenceState {
+// One sequence's state on the device (CudaModel::new_state). As a DeviceState it rides in a
+// SequenceState (Model::use_cuda), where copies (kept states) are device-to-device copies.
+struct CudaSequenceState final : DeviceState {
+  // A copy with the same n_past whose caches hold exactly n_past rows (they grow again on demand);
+  // complete when it returns.
+  std::unique_ptr<DeviceState> clone() const override;
+  size_t bytes() const override;
+
   int64_t n_past = 0;
   // Layer li's Gated DeltaNet state buffers, or attention caches (capacity grows on demand, or
   // by CudaModel::reserve up front).

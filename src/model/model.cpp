@@ -6,6 +6,9 @@
 
 #include "backends/cpu/ops.h"
 #include "core/check.h"
+#ifdef TF_HAVE_CUDA
+#include "model/cuda_model.h"
+#endif
 
 namespace tf {
 
@@ -39,6 +42,43 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadPro
 
 Model::~Model() {
   if (leader_) leader_->send_stop();
+}
+
+// ---- the device path (use_cuda) ---------------------------------------------------------------
+
+void Model::CudaDeleter::operator()([[maybe_unused]] CudaModel* m) const {
+#ifdef TF_HAVE_CUDA
+  delete m;
+#endif
+}
+
+Status Model::use_cuda([[maybe_unused]] int device) {
+#ifdef TF_HAVE_CUDA
+  if (comm_ != nullptr) return Status(StatusCode::kUnavailable, "--device cuda with --tp N > 1");
+  TF_ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> m, CudaModel::create(*this, device));
+  cuda_.reset(m.release());
+  return Status::ok();
+#else
+  return Status(StatusCode::kUnavailable,
+                "this build has no CUDA backend (configure with -DTF_CUDA=ON where nvcc is found)");
+#endif
+}
+
+void Model::forward_cuda([[maybe_unused]] std::span<const StepInput> inputs,
+                         [[maybe_unused]] std::vector<float>* logits) const {
+#ifdef TF_HAVE_CUDA
+  std::vector<CudaStepInput> in;
+  in.reserve(inputs.size());
+  for (const StepInput& i : inputs) {
+    TF_CHECK(!i.verify, "verify steps do not run on the device (no drafting there)");
+    auto* s = static_cast<CudaSequenceState*>(i.state->device.get());
+    TF_CHECK(s != nullptr, "a host state given to the device model");
+    in.push_back(CudaStepInput{s, i.tokens, i.all_logits});
+  }
+  cuda_->forward(in, logits);
+  for (const StepInput& i : inputs)
+    i.state->n_past = static_cast<CudaSequenceState*>(i.state->device.get())->n_past;
+#endif
 }
 
 void Model::reduce(float* y, int64_t n) const {
@@ -93,7 +133,8 @@ size_t SequenceState::bytes() const {
   n += mtp_kv.k.capacity() + mtp_kv.v.capacity() + mtp_hidden.capacity();
   for (const FloatBuf& b : verify.conv_hist) n += b.capacity();
   for (const FloatBuf& b : verify.S_hist) n += b.capacity();
-  return n * sizeof(float) + mtp_tokens.capacity() * sizeof(int32_t);
+  return n * sizeof(float) + mtp_tokens.capacity() * sizeof(int32_t) +
+         (device ? device.get()->bytes() : 0);
 }
 
 void SequenceState::rollback(int64_t n) {
@@ -136,8 +177,14 @@ void SequenceState::release_verify() {
 SequenceState Model::new_state(BufferObserver* observer, bool mtp) const {
   const ModelConfig& c = config();
   TF_CHECK(!mtp || has_mtp(), "new_state(mtp = true): the checkpoint has no MTP head");
-  const TrackedAllocator<float> alloc(observer);
   SequenceState s;
+#ifdef TF_HAVE_CUDA
+  if (cuda_) {
+    s.device = DeviceStateBox(std::make_unique<CudaSequenceState>(cuda_->new_state()));
+    return s;
+  }
+#endif
+  const TrackedAllocator<float> alloc(observer);
   s.attn.resize(c.num_hidden_layers, SequenceState::Attention{FloatBuf(alloc), FloatBuf(alloc)});
   s.delta.resize(c.num_hidden_layers, SequenceState::DeltaNet{FloatBuf(alloc), FloatBuf(alloc)});
   // This rank's heads only (TP=1: all of them).
@@ -160,6 +207,10 @@ SequenceState Model::new_state(BufferObserver* observer, bool mtp) const {
 
 void Model::forward(std::span<const StepInput> inputs, std::vector<float>* logits,
                     ThreadPool* pool) const {
+  if (cuda_) {
+    forward_cuda(inputs, logits);
+    return;
+  }
   if (leader_) leader_->send_forward(inputs);
   const ModelConfig& c = config();
   const Weights& w = *weights_;

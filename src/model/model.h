@@ -25,6 +25,34 @@ inline constexpr int64_t kDeltaChunk = 64;
 // forward computes the MTP head's pending cache rows of a state once this many are due.
 inline constexpr size_t kMtpSyncRows = 64;
 
+// A sequence's state on a device (Model::use_cuda; model/cuda_model.h), behind an interface so
+// that this header does not depend on the device's types.
+struct DeviceState {
+  virtual ~DeviceState() = default;
+  virtual std::unique_ptr<DeviceState> clone() const = 0;  // a deep copy: a snapshot
+  virtual size_t bytes() const = 0;                        // device memory held
+};
+
+// Owns a DeviceState. Copying copies the state, so a copy of a SequenceState stays a snapshot on
+// the device too.
+class DeviceStateBox {
+ public:
+  DeviceStateBox() = default;
+  explicit DeviceStateBox(std::unique_ptr<DeviceState> s) : s_(std::move(s)) {}
+  DeviceStateBox(const DeviceStateBox& o) : s_(o.s_ ? o.s_->clone() : nullptr) {}
+  DeviceStateBox& operator=(const DeviceStateBox& o) {
+    if (this != &o) s_ = o.s_ ? o.s_->clone() : nullptr;
+    return *this;
+  }
+  DeviceStateBox(DeviceStateBox&&) noexcept = default;
+  DeviceStateBox& operator=(DeviceStateBox&&) noexcept = default;
+  DeviceState* get() const { return s_.get(); }
+  explicit operator bool() const { return s_ != nullptr; }
+
+ private:
+  std::unique_ptr<DeviceState> s_;
+};
+
 // The state of one sequence after n_past tokens. Copyable on purpose: a copy is a snapshot. Its
 // buffers are FloatBufs, so the observer given to Model::new_state follows them and their copies.
 //
@@ -86,6 +114,10 @@ struct SequenceState {
   // Under tensor parallelism, on rank 0: this state's id in the group (model/tp.h), so that the
   // other ranks copy, free and roll back their shards of it when this one is. Empty at TP=1.
   StateLink link;
+
+  // On a device (Model::use_cuda): the whole state lives there and the host buffers above stay
+  // empty; n_past follows the device state's after every step. Empty on the CPU.
+  DeviceStateBox device;
 };
 
 // Which form of the gated delta rule a step uses. Prompts use the chunked form (chunks ending at
@@ -124,6 +156,8 @@ struct Draft {
   std::vector<float> logits;    // [j, vocab] when want_logits
 };
 
+class CudaModel;  // model/cuda_model.h (CUDA builds)
+
 class Model {
  public:
   // Loads the model; in a tensor-parallel group (tp_install, the CLI's --tp N) this rank's shard.
@@ -140,7 +174,7 @@ class Model {
   const Weights& weights() const { return *weights_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 
-  bool has_mtp() const { return weights_->mtp != nullptr; }
+  bool has_mtp() const { return weights_->mtp != nullptr && !cuda_; }
 
   // A fresh state (n_past 0) whose buffers report to `observer` (nullptr: none). With `mtp` (the
   // model must have an MTP head) every forward also keeps the head's state, so that draft() can
@@ -172,6 +206,18 @@ class Model {
 
   // Bytes read from weights to decode one token (active experts only): the roofline's numerator.
   double decode_bytes_per_token() const;
+
+  // Runs every later step on CUDA device `device` (the CLI's --device cuda): copies the weights
+  // there (CudaModel::create; the host copy stays, for tools that read it); states made by
+  // new_state() afterwards live on the device, and forward() runs there (same steps, bf16 weights,
+  // fp32 state and accumulation: within bf16 tolerances of the CPU, not bitwise). Plain steps
+  // only: no verify steps and no drafting (the CUDA forward has no MTP head yet), so has_mtp()
+  // turns false. kUnavailable in a build without the CUDA backend, without such a device, or
+  // under tensor parallelism; kResourceExhausted when the weights do not fit.
+  Status use_cuda(int device = 0);
+  bool on_device() const { return cuda_ != nullptr; }
+  // The device model (nullptr on the CPU), e.g. for the device's name and memory in reports.
+  CudaModel* cuda() const { return cuda_.get(); }
 
  private:
   // Rows of one sequence in an attention layer: T new rows at positions pos0.. of `cache`.
@@ -211,6 +257,14 @@ class Model {
   TpLayout tp_;                       // this rank's heads, experts and vocabulary rows
   Communicator* comm_ = nullptr;      // the group (not owned); nullptr at TP=1
   std::unique_ptr<TpLeader> leader_;  // rank 0 of a group of several
+  // The device copy (use_cuda); the deleter lives in model.cpp, where CudaModel is complete in
+  // CUDA builds (and never called in others: the pointer stays null there).
+  struct CudaDeleter {
+    void operator()(CudaModel* m) const;
+  };
+  std::unique_ptr<CudaModel, CudaDeleter> cuda_;
+  // forward() on the device.
+  void forward_cuda(std::span<const StepInput> inputs, std::vector<float>* logits) const;
 };
 
 }  // namespace tf

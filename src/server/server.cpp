@@ -152,6 +152,10 @@ class Service {
     auto tmpl = tok::ChatTemplate::load(o_.model_dir);
     if (!tmpl) return fail(tmpl.status());
     model_ = std::move(*model);
+    if (o_.device == "cuda") {
+      if (Status st = model_->use_cuda(); !st.is_ok()) return fail(st);
+      spdlog::info("device: cuda (weights and sequence states on the GPU)");
+    }
     tokenizer_ = std::make_unique<tok::Tokenizer>(std::move(*tokenizer));
     template_ = std::make_unique<tok::ChatTemplate>(std::move(*tmpl));
     // End-of-generation tokens: the config's eos ids, the template's eos token, <|im_end|> and
@@ -176,7 +180,8 @@ class Service {
     eo.draft_p_min = o_.draft_p_min;
     eo.draft_adaptive = o_.draft_adaptive;
     if (o_.draft_max > 0 && !model_->has_mtp()) {
-      spdlog::warn("drafting: off ({} has no MTP head, --draft-max {} ignored)", o_.model_dir,
+      spdlog::warn("drafting: off ({}, --draft-max {} ignored)",
+                   model_->on_device() ? "not on the device yet" : "the model has no MTP head",
                    o_.draft_max);
     } else if (o_.draft_max > 0) {
       spdlog::info("drafting: up to {} MTP drafts per step ({}, p_min {})", o_.draft_max,

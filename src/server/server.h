@@ -14,12 +14,14 @@ struct ServerOptions {
   std::string model_name;  // the id clients send; default: the directory's name
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string api_key;                         // empty: no authentication
-  int parallel = 4;                            // sequences decoded at once
-  int batch_tokens = 512;                      // tokens per engine step
-  int max_queue = 64;                          // waiting requests before 429
-  int64_t ctx_size = 16384;                    // positions per sequence
-  int threads = 0;                             // model worker threads (0 = all cores)
+  std::string api_key;       // empty: no authentication
+  int parallel = 4;          // sequences decoded at once
+  int batch_tokens = 512;    // tokens per engine step
+  int max_queue = 64;        // waiting requests before 429
+  int64_t ctx_size = 16384;  // positions per sequence
+  int threads = 0;           // model worker threads (0 = all cores)
+  // "cpu", or "cuda" (Model::use_cuda: the weights and states on CUDA device 0; no drafting).
+  std::string device = "cpu";
   size_t state_cache_bytes = size_t{2} << 30;  // kept-state pool budget (0: off)
   // MTP drafting (EngineOptions): drafts per step at most (0: off, the default: it does not pay
   // on the CPU, docs/PERFORMANCE.md), the head-confidence gate, adaptive depth.

@@ -12,6 +12,9 @@
 # bench/gguf_inflate.py repeats its layers. Files live in /dev/shm (RAM) and are removed at the end.
 # Output ($OUT): peer_bench.md (llama-bench: pp512 and tg128 at batch 1), peer_batched.txt
 # (llama-batched-bench: 128 prompt + 128 generated tokens at 1, 8 and 32 parallel sequences), logs.
+# PEER_PHASE picks one step: prepare-tiny, prepare-big (make a GGUF file), bench-tiny, bench-big
+# (benchmark it, then remove it); unset: all of them in that order (tools/device/h200_run.sh
+# overlaps the big model's preparation with other work).
 set -uo pipefail
 bin=${1:?usage: bench_peer.sh BIN_DIR CONVERT_PY [CONFIG]}
 conv=${2:?usage: bench_peer.sh BIN_DIR CONVERT_PY [CONFIG]}
@@ -23,29 +26,40 @@ mkdir -p "$out" "$shm"
 log="$out/peer_log.txt"
 stamp() { echo "[$(date +%T)] $*" | tee -a "$log"; }
 
-stamp "convert models/tiny-next"
-python3 "$conv" models/tiny-next --outtype bf16 --outfile "$shm/tiny-next.gguf" >>"$log" 2>&1 ||
-  stamp "tiny-next conversion failed"
-stamp "4-layer dummy of $config"
-python3 tools/device/make_hf_dummy.py --config "$config" --layers 4 --tokenizer models/tiny-next \
-  --out "$shm/hf4" >>"$log" 2>&1 || stamp "dummy checkpoint failed"
-python3 "$conv" "$shm/hf4" --outtype bf16 --outfile "$shm/big4.gguf" >>"$log" 2>&1 ||
-  stamp "big conversion failed"
-rm -rf "$shm/hf4"
-layers=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$config")
-python3 bench/gguf_inflate.py "$shm/big4.gguf" "$shm/big.gguf" --layers "$layers" >>"$log" 2>&1 ||
-  stamp "inflate failed"
-rm -f "$shm/big4.gguf"
-ls -la "$shm" | tee -a "$log"
+phase=${PEER_PHASE:-all}
+want() { [ "$phase" = all ] || [ "$phase" = "$1" ]; }
+
+if want prepare-tiny; then
+  stamp "convert models/tiny-next"
+  python3 "$conv" models/tiny-next --outtype bf16 --outfile "$shm/tiny-next.gguf" >>"$log" 2>&1 ||
+    stamp "tiny-next conversion failed"
+fi
+if want prepare-big; then
+  stamp "4-layer dummy of $config"
+  python3 tools/device/make_hf_dummy.py --config "$config" --layers 4 --tokenizer models/tiny-next \
+    --out "$shm/hf4" >>"$log" 2>&1 || stamp "dummy checkpoint failed"
+  python3 "$conv" "$shm/hf4" --outtype bf16 --outfile "$shm/big4.gguf" >>"$log" 2>&1 ||
+    stamp "big conversion failed"
+  rm -rf "$shm/hf4"
+  layers=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$config")
+  stamp "inflate to $layers layers"
+  python3 bench/gguf_inflate.py "$shm/big4.gguf" "$shm/big.gguf" --layers "$layers" >>"$log" 2>&1 ||
+    stamp "inflate failed"
+  rm -f "$shm/big4.gguf"
+  ls -la "$shm" | tee -a "$log"
+fi
 
 for m in tiny-next big; do
+  [ "$m" = tiny-next ] && ! want bench-tiny && continue
+  [ "$m" = big ] && ! want bench-big && continue
   [ -f "$shm/$m.gguf" ] || continue
   stamp "llama-bench $m"
-  "$bin/llama-bench" -m "$shm/$m.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o md 2>>"$log" |
+  "$bin/llama-bench" -m "$shm/$m.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r 2 -o md 2>>"$log" |
     tee -a "$out/peer_bench.md"
   stamp "llama-batched-bench $m"
   "$bin/llama-batched-bench" -m "$shm/$m.gguf" -ngl 99 -fa on -c 16384 -b 2048 -ub 512 -npp 128 \
     -ntg 128 -npl 1,8,32 2>>"$log" | tee -a "$out/peer_batched.txt"
+  rm -f "$shm/$m.gguf"
 done
-rm -rf "$shm"
-stamp done
+if [ "$phase" = all ] || [ "$phase" = bench-big ]; then rm -rf "$shm"; fi
+stamp "done ($phase)"

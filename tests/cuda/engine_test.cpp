@@ -1,0 +1,204 @@
+// The runtime Engine with the model on the device (Model::use_cuda, the CLI's --device cuda), on
+// models/tiny-next:
+//   - greedy replies to the golden chat prompts (tests/golden/tiny_next/reference.json: ids from
+//     transformers' tokenizer) and to random prompts equal the CPU engine's token for token, or
+//     the first divergence sits
+//     where the two logits rows (each within a relative L2 of 1e-4 of the other) differ by more
+//     than the CPU row's top-2 margin: a near tie that fp32 summation order decides;
+//   - the determinism contract on the device: turns of multi-turn chats resumed from kept states
+//     (device-to-device copies), run beside other requests, give the same tokens and logits, bit
+//     for bit, as the same request alone on a fresh engine with no pool.
+// Checked to fail: cloning a kept state with its caches one row short (n_past - 1 rows in
+// CudaSequenceState::clone) fails ResumedAndBatchedEqualAlone. Skips without a CUDA device.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+#include "runtime/engine.h"
+#include "unit/engine_util.h"
+
+namespace tf {
+namespace {
+
+using testing::Collector;
+using testing::same_bits;
+
+std::string repo() {
+  const char* r = std::getenv("TF_REPO");
+  return r ? r : TF_SOURCE_DIR;
+}
+std::string tiny_next() {
+  return repo() + "/models/tiny-next";
+}
+
+struct Reply {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+  int64_t n_cached = 0;
+};
+
+// Runs the requests at once on `engine`; their replies in order.
+std::vector<Reply> run_all(Engine& engine, const std::vector<GenerationRequest>& reqs) {
+  std::vector<Collector> cs(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    GenerationRequest r = reqs[i];
+    r.on_event = cs[i].callback();
+    EXPECT_TRUE(engine.submit(std::move(r)).is_ok());
+  }
+  std::vector<Reply> out;
+  for (Collector& c : cs) {
+    c.wait();
+    out.push_back(Reply{c.tokens, c.logits, c.n_cached});
+  }
+  return out;
+}
+
+class EngineOnDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+    auto c = Model::load(tiny_next());
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    cpu_ = std::move(*c);
+    auto g = Model::load(tiny_next());
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    gpu_ = std::move(*g);
+    const Status s = gpu_->use_cuda();
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    ASSERT_TRUE(gpu_->on_device());
+    ASSERT_FALSE(gpu_->has_mtp());  // no drafting on the device
+  }
+  // The golden test's chat prompts (rendered and tokenized by transformers).
+  static std::vector<std::vector<int32_t>> golden_prompts() {
+    std::ifstream in(repo() + "/tests/golden/tiny_next/reference.json");
+    const nlohmann::json ref = nlohmann::json::parse(in);
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& p : ref.at("prompts")) out.push_back(p.at("ids").get<std::vector<int32_t>>());
+    return out;
+  }
+  std::vector<int32_t> stops() const {
+    std::vector<int32_t> s;
+    for (int64_t id : cpu_->config().eos_token_ids) s.push_back(static_cast<int32_t>(id));
+    return s;
+  }
+  std::unique_ptr<Model> cpu_, gpu_;
+};
+
+TEST_F(EngineOnDevice, GreedyRepliesMatchCpuEngine) {
+  std::vector<std::vector<int32_t>> prompts = golden_prompts();
+  ASSERT_GE(prompts.size(), 4u);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(cpu_->config().vocab_size) - 1);
+  for (int n : {1, 40, 150}) {
+    prompts.emplace_back(n);
+    for (auto& t : prompts.back()) t = d(rng);
+  }
+  std::vector<GenerationRequest> reqs;
+  for (const auto& p : prompts) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = 48;
+    r.stop_tokens = stops();
+    reqs.push_back(r);
+  }
+  EngineOptions o;
+  o.scheduler.max_running = 4;
+  o.threads = 2;
+  Engine ce(*cpu_, o), ge(*gpu_, o);
+  const std::vector<Reply> want = run_all(ce, reqs), got = run_all(ge, reqs);
+  const int64_t V = cpu_->config().vocab_size;
+  int equal = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Reply &c = want[i], &g = got[i];
+    size_t t = 0;
+    while (t < c.tokens.size() && t < g.tokens.size() && c.tokens[t] == g.tokens[t]) ++t;
+    if (t == c.tokens.size() && t == g.tokens.size()) {
+      ++equal;
+      continue;
+    }
+    // A divergence at token t: both rows were sampled after the same tokens, so they must be
+    // close, and their difference must exceed the CPU row's margin between its top two.
+    ASSERT_LT(t, c.tokens.size()) << "request " << i << ": the device reply is longer";
+    ASSERT_LT(t, g.tokens.size()) << "request " << i << ": the device reply is shorter";
+    const std::vector<float>&cr = c.logits[t], &gr = g.logits[t];
+    double num = 0, den = 0, diff = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      num += (double(gr[v]) - cr[v]) * (double(gr[v]) - cr[v]), den += double(cr[v]) * cr[v];
+      diff = std::max(diff, std::abs(double(gr[v]) - cr[v]));
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-4) << "request " << i << " token " << t;
+    std::vector<float> top = cr;
+    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+    EXPECT_LT(top[0] - top[1], 2 * diff)
+        << "request " << i << " token " << t << ": a divergence the logits do not explain";
+  }
+  EXPECT_GE(equal, static_cast<int>(reqs.size()) - 1) << "replies equal to the CPU's";
+}
+
+TEST_F(EngineOnDevice, ResumedAndBatchedEqualAlone) {
+  std::mt19937 rng(5);
+  auto random_tokens = [&](int n) {
+    std::uniform_int_distribution<int32_t> d(0,
+                                             static_cast<int32_t>(cpu_->config().vocab_size) - 1);
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = d(rng);
+    return t;
+  };
+  EngineOptions o;
+  o.scheduler.max_running = 4;
+  o.scheduler.batch_tokens = 128;
+  o.threads = 2;
+  Engine engine(*gpu_, o);
+  EngineOptions lone = o;
+  lone.scheduler.max_running = 1;
+  lone.state_cache_bytes = 0;
+  Engine alone(*gpu_, lone);
+  // Three chats of 4 turns, their turns submitted together with one random request each time.
+  std::vector<std::vector<int32_t>> convo(3);
+  for (auto& c : convo) c = random_tokens(100);
+  for (int turn = 0; turn < 4; ++turn) {
+    std::vector<GenerationRequest> reqs;
+    for (auto& c : convo) {
+      const std::vector<int32_t> msg = random_tokens(5 + static_cast<int>(rng() % 40));
+      c.insert(c.end(), msg.begin(), msg.end());
+      GenerationRequest r;
+      r.prompt = c;
+      r.max_tokens = 8 + static_cast<int>(rng() % 20);
+      reqs.push_back(r);
+    }
+    GenerationRequest other;
+    other.prompt = random_tokens(1 + static_cast<int>(rng() % 150));
+    other.max_tokens = 16;
+    reqs.push_back(other);
+    const std::vector<Reply> got = run_all(engine, reqs);
+    testing::wait_idle(engine);  // the turns' states are kept before the next turn comes
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Reply ref = run_all(alone, {reqs[i]})[0];
+      ASSERT_EQ(got[i].tokens, ref.tokens) << "turn " << turn << " request " << i;
+      for (size_t t = 0; t < ref.logits.size(); ++t) {
+        ASSERT_TRUE(same_bits(got[i].logits[t], ref.logits[t]))
+            << "turn " << turn << " request " << i << " token " << t;
+      }
+      if (turn > 0 && i < convo.size()) {
+        EXPECT_GT(got[i].n_cached, 0) << "turn " << turn;
+      }
+    }
+    for (size_t i = 0; i < convo.size(); ++i)
+      convo[i].insert(convo[i].end(), got[i].tokens.begin(), got[i].tokens.end());
+  }
+  EXPECT_GT(engine.stats().pool.hits, 0u);
+}
+
+}  // namespace
+}  // namespace tf
