@@ -12,6 +12,7 @@
 # bench/gguf_inflate.py repeats its layers. Files live in /dev/shm (RAM) and are removed at the end.
 # Output ($OUT): peer_bench.md (llama-bench: pp512 and tg128 at batch 1), peer_batched.txt
 # (llama-batched-bench: 128 prompt + 128 generated tokens at 1, 8 and 32 parallel sequences), logs.
+# PEER_DEADLINE (epoch seconds), if set: llama-batched-bench is skipped when less than 120 s remain.
 # PEER_PHASE picks one step: prepare-tiny, prepare-big (make a GGUF file), bench-tiny, bench-big
 # (benchmark it, then remove it); unset: all of them in that order (tools/device/h200_run.sh
 # overlaps the big model's preparation with other work).
@@ -56,6 +57,10 @@ for m in tiny-next big; do
   stamp "llama-bench $m"
   "$bin/llama-bench" -m "$shm/$m.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r 2 -o md 2>>"$log" |
     tee -a "$out/peer_bench.md"
+  if [ -n "${PEER_DEADLINE:-}" ] && [ $((PEER_DEADLINE - $(date +%s))) -lt 120 ]; then
+    stamp "llama-batched-bench $m skipped: under 120 s left before PEER_DEADLINE"
+    continue
+  fi
   stamp "llama-batched-bench $m"
   "$bin/llama-batched-bench" -m "$shm/$m.gguf" -ngl 99 -fa on -c 16384 -b 2048 -ub 512 -npp 128 \
     -ntg 128 -npl 1,8,32 2>>"$log" | tee -a "$out/peer_batched.txt"

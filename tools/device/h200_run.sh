@@ -8,6 +8,8 @@
 #     PEER_DIR    the peer's llama-bench and llama-batched-bench (CUDA build, never committed),
 #                 with its shared libraries beside them
 #     CONVERT_PY  the peer's convert_hf_to_gguf.py
+#   BUDGET_S (default 600): the seconds this call may take; the peer's batched runs are skipped
+#   when too little of it is left (the batch-1 numbers come first).
 # The peer's 80B-shaped GGUF is made in the background from the start (tools/device/bench_peer.sh
 # prepare-big: a 4-layer dummy checkpoint, converted, its layers repeated), while the tests and our
 # benchmarks run; each result lands in $OUT as soon as it exists, so a call cut short still returns
@@ -24,6 +26,7 @@ export LD_LIBRARY_PATH="$dir/lib:$peer:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory --format=csv | tee -a "$log"
 
+export PEER_DEADLINE=$(($(date +%s) + ${BUDGET_S:-600}))
 peer_step() { PEER_PHASE=$1 OUT="$out" bash tools/device/bench_peer.sh "$peer" "$conv"; }
 stamp "peer: the 80B-shaped GGUF in the background; tiny-next's now"
 peer_step prepare-big &
