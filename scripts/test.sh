@@ -21,11 +21,14 @@ for preset in release asan; do
   stage "ctest ($preset)"
   # The eval label (the embedded model's quality floors: thousands of decode steps) runs in release
   # only; its code paths (forward, draft) run under ASan in the unit and golden tests.
-  # Under the sanitizers the engine tests parametrised on models/tiny-next (".../tiny_next") and the
-  # server's long greedy chats (server_engine) are left to the release run: the same code runs under
-  # them on the small random model (runtime tests) and through server_http, at a tenth the time.
+  # Under the sanitizers the engine tests parametrised on models/tiny-next (".../tiny_next" and
+  # golden_tiny_next) and the server's long greedy chats (server_engine) are left to the release
+  # run: the same code runs under them on the small random model (runtime tests) and through
+  # server_http, at a tenth the time. So are the tokenizer's CLI and live-corpus comparisons (the
+  # tokenizer's own tests and fuzzing run under ASan) and the format check (no build in it).
   skip=()
-  [ "$preset" = asan ] && skip=(-LE eval -E '/tiny_next|server_engine')
+  [ "$preset" = asan ] &&
+    skip=(-LE 'eval|format' -E '/tiny_next|golden_tiny_next|server_engine|tokenizer_cli|tokenizer_live_js')
   (cd "build/$preset" && ctest -j "$jobs" --output-on-failure --timeout 900 "${skip[@]}" "$@") ||
     status=1
 done

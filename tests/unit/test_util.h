@@ -13,6 +13,14 @@
 
 namespace tf::testing {
 
+// Built with ASan or TSan (GCC's macros): the long randomized engine tests run fewer rounds there
+// (each runs whole in the release build), to keep CI under 30 minutes.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 // A fresh directory under the system temp dir, removed at destruction.
 class TempDir {
  public:
