@@ -8,8 +8,10 @@
 //   - the determinism contract on the device: turns of multi-turn chats resumed from kept states
 //     (device-to-device copies), run beside other requests, give the same tokens and logits, bit
 //     for bit, as the same request alone on a fresh engine with no pool.
-// Checked to fail: cloning a kept state with its caches one row short (n_past - 1 rows in
-// CudaSequenceState::clone) fails ResumedAndBatchedEqualAlone. Skips without a CUDA device.
+// Checked to fail (on the H200, 2026-12-03): cloning a kept state with its caches one row short
+// (n_past - 1 rows copied in CudaSequenceState::clone) makes ResumedAndBatchedEqualAlone abort
+// on the resumed state (the next cache growth copies rows the clone does not have). Skips
+// without a CUDA device.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>

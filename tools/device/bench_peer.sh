@@ -39,7 +39,7 @@ if want prepare-big; then
   stamp "4-layer dummy of $config"
   python3 tools/device/make_hf_dummy.py --config "$config" --layers 4 --tokenizer models/tiny-next \
     --out "$shm/hf4" >>"$log" 2>&1 || stamp "dummy checkpoint failed"
-  python3 "$conv" "$shm/hf4" --outtype bf16 --outfile "$shm/big4.gguf" >>"$log" 2>&1 ||
+  python3 "$conv" "$shm/hf4" --no-mtp --outtype bf16 --outfile "$shm/big4.gguf" >>"$log" 2>&1 ||
     stamp "big conversion failed"
   rm -rf "$shm/hf4"
   layers=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$config")
