@@ -232,17 +232,9 @@ void add_bench(CLI::App& app) {
       ->check(CLI::Range(0.0625, 64.0));
   cmd->add_option("--prompt-ids", o->prompt_ids,
                   "Comma-separated prompt token ids (default: --prompt-len random ids)");
-  cmd->add_option("--draft", o->draft,
-                  "Also decode greedily with up to K MTP drafts per step and compare (0 = off)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 64));
-  cmd->add_option("--draft-p-min", o->draft_p_min,
-                  "Stop drafting at a draft whose probability under the head is below this")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  cmd->add_flag("--draft-fixed", o->draft_fixed,
-                "Always draft K tokens (else K is the most, chosen per step from the recent "
-                "acceptance and the measured costs)");
+  add_draft_options(cmd,
+                    "Also decode greedily with up to K MTP drafts per step and compare (0 = off)",
+                    &o->draft, &o->draft_p_min, &o->draft_fixed);
   cmd->add_flag("--json", o->json);
   add_tp_option(cmd, &o->tp);
   cmd->callback([o] {

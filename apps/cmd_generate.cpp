@@ -174,6 +174,18 @@ int run_generate(const GenerateOptions& o) {
 
 }  // namespace
 
+void add_draft_options(CLI::App* cmd, const std::string& draft_help, int* k, float* p_min,
+                       bool* fixed) {
+  cmd->add_option("--draft", *k, draft_help)->capture_default_str()->check(CLI::Range(0, 64));
+  cmd->add_option("--draft-p-min", *p_min,
+                  "Stop drafting at a draft whose probability under the head is below this")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_flag("--draft-fixed", *fixed,
+                "Always draft K tokens (else K is the most, chosen per step from the recent "
+                "acceptance and the measured costs)");
+}
+
 void add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from a prompt of token ids");
@@ -197,18 +209,10 @@ void add_generate(CLI::App& app) {
       ->check(CLI::Range(0, 1024));
   cmd->add_flag("--json", o->json, "Print one JSON object {\"tokens\": [...], ...}");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at an end-of-sequence token");
-  cmd->add_option("--draft", o->draft,
-                  "Draft up to K tokens per step with the MTP head (greedy only; 0 = off); the "
-                  "output is the same as without")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 64));
-  cmd->add_option("--draft-p-min", o->draft_p_min,
-                  "Stop drafting at a draft whose probability under the head is below this")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  cmd->add_flag("--draft-fixed", o->draft_fixed,
-                "Always draft K tokens (else K is the most, chosen per step from the recent "
-                "acceptance and the measured costs)");
+  add_draft_options(cmd,
+                    "Draft up to K tokens per step with the MTP head (greedy only; 0 = off); the "
+                    "output is the same as without",
+                    &o->draft, &o->draft_p_min, &o->draft_fixed);
   cmd->add_option("--dump-logits", o->dump_logits,
                   "Write float32 logits, one row per position fed (prompt, then generated)");
   add_tp_option(cmd, &o->tp);

@@ -32,6 +32,11 @@ inline constexpr const char* kDefaultModel = "models/tiny-next";
 // "1,2,3" -> token ids, each in [0, vocab) (--prompt-ids of generate and bench).
 Result<std::vector<int32_t>> parse_prompt_ids(const std::string& s, int64_t vocab);
 
+// --draft K (help text given: what K drafts do in this command), --draft-p-min and --draft-fixed
+// of generate and bench (apps/cmd_generate.cpp).
+void add_draft_options(CLI::App* cmd, const std::string& draft_help, int* k, float* p_min,
+                       bool* fixed);
+
 // --tp N (apps/tp_run.cpp): the option, and the callback wrapper. With N == 1 outside mpirun,
 // run_with_tp is lead(). Otherwise it checks N against the MPI job's size (a clear error if they
 // differ), joins the group, and runs lead() on rank 0 while the other ranks follow it until rank
