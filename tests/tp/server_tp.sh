@@ -51,6 +51,20 @@ start() {
   return 1
 }
 
+# signal_and_wait SIG PID LABEL: sends SIG to PID (a rank), waits for mpirun ($pid) to exit, sets
+# $code to its exit code, and fails unless it took under 5 s.
+signal_and_wait() {
+  local t0 dt
+  t0=$(date +%s.%N)
+  kill -"$1" "$2"
+  wait "$pid"
+  code=$?
+  pid=
+  dt=$(python3 -c "print(round($(date +%s.%N) - $t0, 2))")
+  echo "$3: mpirun exited with $code after ${dt}s"
+  python3 -c "import sys; sys.exit(0 if $dt < 5 else 1)" || bad "stopping took ${dt}s"
+}
+
 # rank_pid R: the pid of rank R, the child of mpirun whose environment has OMPI_COMM_WORLD_RANK=R.
 rank_pid() {
   for c in $(pgrep -P "$pid"); do
@@ -126,15 +140,7 @@ if [ "$what" = serve ]; then
   # SIGTERM to rank 0 (the server): it stops as a single process does, then tells the followers
   # to stop; everything exits 0. (SIGTERM to mpirun is forwarded to every rank: the same clean
   # stop, but mpirun itself then exits 1.)
-  rank0=$(rank_pid 0)
-  t0=$(date +%s.%N)
-  kill -TERM "$rank0"
-  wait "$pid"
-  code=$?
-  pid=
-  dt=$(python3 -c "print(round($(date +%s.%N) - $t0, 2))")
-  echo "SIGTERM to rank 0: mpirun exited with $code after ${dt}s"
-  python3 -c "import sys; sys.exit(0 if $dt < 5 else 1)" || bad "stopping took ${dt}s"
+  signal_and_wait TERM "$(rank_pid 0)" "SIGTERM to rank 0"
   [ "$code" = 0 ] || bad "exit code $code after SIGTERM"
   grep -q "tensor parallel" "$tmp/tp.log" && bad "an error on a clean stop: $(grep 'tensor parallel' "$tmp/tp.log")"
 elif [ "$what" = kill ]; then
@@ -147,14 +153,7 @@ elif [ "$what" = kill ]; then
     >"$tmp/stream.out" 2>&1 &
   client=$!
   sleep 1
-  t0=$(date +%s.%N)
-  kill -KILL "$victim"
-  wait "$pid"
-  code=$?
-  pid=
-  dt=$(python3 -c "print(round($(date +%s.%N) - $t0, 2))")
-  echo "rank 1 killed: mpirun exited with $code after ${dt}s"
-  python3 -c "import sys; sys.exit(0 if $dt < 5 else 1)" || bad "stopping took ${dt}s"
+  signal_and_wait KILL "$victim" "rank 1 killed"
   [ "$code" -ne 0 ] || bad "mpirun exited 0"
   grep "tensor parallel" "$tmp/tp.log" || bad "no clear error from rank 0"
   grep -q "rank 1 (pid $victim) died" "$tmp/tp.log" || bad "the error does not name rank 1"
