@@ -11,6 +11,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -18,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
+#include "runtime/draft_compare.h"
 #include "runtime/engine.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -46,7 +49,8 @@ struct Options {
   float draft_p_min = 0.0f;
   std::vector<int> draft_streams = {1, 4};
   int draft_gen = 160;
-  bool draft_only = false;  // skip 1 and 2
+  bool draft_only = false;        // skip 1 and 2
+  std::string draft_prompts_out;  // also write the drafting prompts as ids (cuda_bench --draft)
 };
 
 // One request's event times.
@@ -181,56 +185,6 @@ const char* kPassages[] = {
     "without gloves, and the clock on the wall had not been wound for years.",
 };
 
-struct DraftRun {
-  double tokens_per_s = 0;
-  std::vector<std::vector<int32_t>> replies;
-  EngineStats stats;
-};
-
-// Runs the prompts on an engine with `streams` slots drafting up to draft_max (0: plain); tokens/s
-// = tokens generated / wall time from the first submit to the last reply's end (prefill included,
-// which is the same work drafted or not).
-DraftRun draft_run(const Model& model, const Options& o,
-                   const std::vector<std::vector<int32_t>>& prompts,
-                   const std::vector<int32_t>& stops, int streams, int draft_max) {
-  EngineOptions eo;
-  eo.scheduler.max_running = streams;
-  eo.scheduler.max_queue = static_cast<int>(prompts.size());
-  eo.threads = o.threads;
-  eo.state_cache_bytes = 0;
-  eo.draft_max = draft_max;
-  eo.draft_adaptive = !o.draft_fixed;
-  eo.draft_p_min = o.draft_p_min;
-  DraftRun res;
-  std::vector<std::unique_ptr<Timeline>> tl;
-  const auto t0 = Clock::now();
-  {
-    Engine engine(model, eo);
-    for (const auto& p : prompts) {
-      tl.push_back(std::make_unique<Timeline>());
-      GenerationRequest r;
-      r.prompt = p;
-      r.max_tokens = o.draft_gen;
-      r.stop_tokens = stops;
-      Timeline* t = tl.back().get();
-      r.on_event = [t](const TokenEvent& e) { t->on_event(e); };
-      if (!engine.submit(std::move(r))) return res;
-    }
-    for (auto& t : tl) t->wait();
-    res.stats = engine.stats();
-  }
-  int64_t count = 0;
-  Clock::time_point end = t0;
-  for (auto& t : tl) {
-    count += static_cast<int64_t>(t->ids.size());
-    if (!t->tokens.empty()) end = std::max(end, t->tokens.back());
-    res.replies.push_back(t->ids);
-  }
-  const double s = std::chrono::duration<double>(end - t0).count();
-  res.tokens_per_s = s > 0 ? static_cast<double>(count) / s : 0;
-  return res;
-}
-
 // Plain vs drafted decoding on copy and prose chat prompts; false when the model cannot draft
 // or the two gave different tokens.
 // The model has an MTP head (run() checks).
@@ -253,6 +207,25 @@ bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
     co.enable_thinking = false;
     return tk->encode(tmpl->render(msgs, nullptr, co).value()).value();
   };
+  // Each passage alone and each followed by the next: 8 prompts per kind.
+  std::map<std::string, std::vector<std::vector<int32_t>>> sets;
+  for (const std::string kind : {"copy", "prose"}) {
+    const size_t np = std::size(kPassages);
+    for (size_t i = 0; i < 2 * np; ++i) {
+      std::string text = kPassages[i % np];
+      if (i >= np) text += std::string(" ") + kPassages[(i + 1) % np];
+      sets[kind].push_back(chat(kind == "copy" ? "Copy this text exactly:\n\n" + text
+                                               : "Continue this text:\n\n" + text));
+    }
+  }
+  if (!o.draft_prompts_out.empty()) {  // the same prompts as ids, for cuda_bench --draft
+    std::ofstream f(o.draft_prompts_out);
+    f << nlohmann::json{{"model", o.model}, {"stops", stops}, {"prompts", sets}}.dump() << "\n";
+    if (!f) {
+      std::fprintf(stderr, "error: cannot write %s\n", o.draft_prompts_out.c_str());
+      return false;
+    }
+  }
   bool same = true;
   if (!o.json) {
     std::printf(
@@ -260,51 +233,31 @@ bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
         "best of %d; 8 prompts per kind, N at a time, tokens/s = generated / wall time:\n",
         o.draft, o.draft_fixed ? "fixed" : "adaptive", o.draft_p_min, o.draft_gen, o.reps);
   }
-  for (const std::string kind : {"copy", "prose"}) {
+  for (const auto& [kind, prompts] : sets) {
     for (int n : o.draft_streams) {
-      // Each passage alone and each followed by the next: 8 prompts, `n` at a time.
-      std::vector<std::vector<int32_t>> prompts;
-      const size_t np = std::size(kPassages);
-      for (size_t i = 0; i < 2 * np; ++i) {
-        std::string text = kPassages[i % np];
-        if (i >= np) text += std::string(" ") + kPassages[(i + 1) % np];
-        prompts.push_back(chat(kind == "copy" ? "Copy this text exactly:\n\n" + text
-                                              : "Continue this text:\n\n" + text));
-      }
-      DraftRun plain, drafted;
-      for (int rep = 0; rep < o.reps; ++rep) {
-        DraftRun p = draft_run(model, o, prompts, stops, n, 0);
-        DraftRun d = draft_run(model, o, prompts, stops, n, o.draft);
-        same = same && p.replies == d.replies;
-        if (p.tokens_per_s > plain.tokens_per_s) plain = std::move(p);
-        if (d.tokens_per_s > drafted.tokens_per_s) drafted = std::move(d);
-      }
-      const EngineStats& st = drafted.stats;
-      const double rate = st.drafted_tokens ? double(st.accepted_tokens) / st.drafted_tokens : 0;
-      const double mean_len = st.draft_steps ? double(st.accepted_tokens) / st.draft_steps : 0;
-      int64_t tokens = 0;
-      for (const auto& r : drafted.replies) tokens += static_cast<int64_t>(r.size());
+      DraftCompareOptions dc;
+      dc.streams = n;
+      dc.draft_max = o.draft;
+      dc.adaptive = !o.draft_fixed;
+      dc.p_min = o.draft_p_min;
+      dc.max_tokens = o.draft_gen;
+      dc.reps = o.reps;
+      dc.threads = o.threads;
+      const DraftComparison c = compare_drafting(model, prompts, stops, dc);
+      same = same && c.same_tokens;
       (*out)["draft"].push_back({{"prompt", kind},
                                  {"streams", n},
-                                 {"reply_tokens", tokens},
-                                 {"plain_tokens_per_s", plain.tokens_per_s},
-                                 {"drafted_tokens_per_s", drafted.tokens_per_s},
-                                 {"speedup", drafted.tokens_per_s / plain.tokens_per_s},
-                                 {"draft_steps", st.draft_steps},
-                                 {"drafted", st.drafted_tokens},
-                                 {"accepted", st.accepted_tokens},
-                                 {"acceptance", rate},
-                                 {"mean_accepted_length", mean_len},
-                                 {"same_tokens", same}});
-      if (!o.json) {
-        std::printf(
-            "  %-5s N=%d: plain %7.1f tok/s, drafted %7.1f tok/s (%.2fx); %lld drafts in "
-            "%lld verify rows, %.1f%% accepted, mean accepted length %.2f; %lld reply tokens\n",
-            kind.c_str(), n, plain.tokens_per_s, drafted.tokens_per_s,
-            drafted.tokens_per_s / plain.tokens_per_s, static_cast<long long>(st.drafted_tokens),
-            static_cast<long long>(st.draft_steps), 100 * rate, mean_len,
-            static_cast<long long>(tokens));
-      }
+                                 {"reply_tokens", c.reply_tokens},
+                                 {"plain_tokens_per_s", c.plain_tokens_per_s},
+                                 {"drafted_tokens_per_s", c.drafted_tokens_per_s},
+                                 {"speedup", c.speedup()},
+                                 {"draft_steps", c.stats.draft_steps},
+                                 {"drafted", c.stats.drafted_tokens},
+                                 {"accepted", c.stats.accepted_tokens},
+                                 {"acceptance", c.acceptance()},
+                                 {"mean_accepted_length", c.mean_accepted_length()},
+                                 {"same_tokens", c.same_tokens}});
+      if (!o.json) std::printf("  %s\n", describe(kind, n, c).c_str());
     }
   }
   if (!same) std::fprintf(stderr, "error: drafted and plain decoding gave different tokens\n");
@@ -320,9 +273,7 @@ int run(const Options& o) {
   if (!use_device(**model_or, o.device)) return 1;
   const Model& model = **model_or;
   if (o.draft > 0 && !model.has_mtp()) {
-    std::fprintf(stderr, "error: --draft: %s\n",
-                 model.on_device() ? "no drafting on the device yet (use --device cpu)"
-                                   : "the model has no MTP head (mtp.* tensors)");
+    std::fprintf(stderr, "error: --draft: the model has no MTP head (mtp.* tensors)\n");
     return 2;
   }
   std::mt19937 rng(1234);
@@ -422,6 +373,8 @@ void add_bench_engine(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(2, 1 << 20));
   cmd->add_flag("--draft-only", o->draft_only, "Only the drafting comparison");
+  cmd->add_option("--draft-prompts-out", o->draft_prompts_out,
+                  "Also write the drafting prompts as token ids (JSON, for cuda_bench --draft)");
   cmd->callback([o] { exit_code() = run(*o); });
 }
 

@@ -68,9 +68,7 @@ int run_generate(const GenerateOptions& o) {
   const std::vector<int32_t> prompt = *ids_or;
   if (o.draft > 0) {
     if (!model.has_mtp()) {
-      std::fprintf(stderr, "error: --draft: %s\n",
-                   model.on_device() ? "no drafting on the device yet (use --device cpu)"
-                                     : "the model has no MTP head (mtp.* tensors)");
+      std::fprintf(stderr, "error: --draft: the model has no MTP head (mtp.* tensors)\n");
       return 2;
     }
     if (o.sampling.temperature != 0.0f || !o.dump_logits.empty()) {

@@ -8,7 +8,9 @@
 // Options: --batches 1,8,32  --steps 64 (timed decode steps per batch)  --prompt 32 (prefill of
 // each decode sequence)  --prefill 512 (the prefill measurement's tokens)  --no-graphs  --kernels
 // (first, a table of the decode kernels one by one at the model's shapes)  --engine (with --model:
-// then the same decode through the runtime Engine, as the server runs it, Model::use_cuda).
+// then the same decode through the runtime Engine, as the server runs it, Model::use_cuda)
+// --draft K (with --model: MTP drafting against plain decoding through the engine on the prompts
+// of --draft-prompts, default bench/draft_prompts.json, at --draft-streams 1,4; --draft-fixed).
 // Bytes per decode step: every non-expert weight of the layers once, the lm_head once, one
 // embedding row per row, and per MoE layer the distinct routed experts of the step (k at batch 1;
 // at batch B the expected number under uniform routing, E (1 - (1 - k/E)^B)); plus per sequence
@@ -22,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -29,11 +32,13 @@
 #include <vector>
 
 #include <cuda_runtime_api.h>
+#include <nlohmann/json.hpp>
 
 #include "backends/cuda/ops.h"
 #include "io/config.h"
 #include "model/cuda_model.h"
 #include "model/model.h"
+#include "runtime/draft_compare.h"
 #include "runtime/engine.h"
 
 namespace tf {
@@ -230,7 +235,7 @@ void kernel_table(const ModelConfig& c, int64_t ctx) {
         time_graph(
             [&](int i, cudaStream_t s) {
               cuda::delta_rule_seqs(q.f(), kk.f(), v.f(), g.f(), beta.f(), starts.as<int32_t>(),
-                                    tab.as<float*>() + i, 1, Hk, Hv, Dk, Dv, out.f(), s);
+                                    tab.as<float*>() + i, nullptr, 1, Hk, Hv, Dk, Dv, out.f(), s);
             },
             reps),
         2.0 * sb);
@@ -240,8 +245,9 @@ void kernel_table(const ModelConfig& c, int64_t ctx) {
     row("conv_silu_seqs",
         time_graph(
             [&](int, cudaStream_t s) {
-              cuda::conv_silu_seqs(xc.f(), starts.as<int32_t>(), ctab.as<float*>(), cw.f(), 1, C,
-                                   c.linear_conv_kernel_dim, Hk * Dk, q.f(), kk.f(), v.f(), s);
+              cuda::conv_silu_seqs(xc.f(), starts.as<int32_t>(), ctab.as<float*>(), nullptr, cw.f(),
+                                   1, C, c.linear_conv_kernel_dim, Hk * Dk, q.f(), kk.f(), v.f(),
+                                   s);
             },
             reps),
         0);
@@ -316,6 +322,45 @@ double engine_decode(const Model& model, int B, int prompt, int steps, std::mt19
   return best;
 }
 
+// MTP drafting against plain decoding through the engine on the device (as bench-engine --draft
+// on the CPU), on the chat prompts of bench/draft_prompts.json (token ids written by `tensorfold
+// bench-engine --draft 3 --draft-only --draft-prompts-out FILE`). 1 if the tokens differ.
+int draft_table(Model& model, int k, bool adaptive, const std::string& file,
+                const std::vector<int>& streams) {
+  if (!model.on_device())
+    if (Status st = model.use_cuda(); !st.is_ok()) {
+      std::fprintf(stderr, "cuda_bench: %s\n", st.to_string().c_str());
+      return 1;
+    }
+  std::ifstream in(file);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (!in || j.is_discarded() || !j.contains("prompts")) {
+    std::fprintf(stderr, "cuda_bench: --draft-prompts %s: not a prompts file\n", file.c_str());
+    return 2;
+  }
+  const auto stops = j.at("stops").get<std::vector<int32_t>>();
+  std::printf(
+      "\ndrafting (engine, --device cuda), up to %d drafts (%s), greedy, replies up to 160 "
+      "tokens, best of 3; 8 prompts per kind, N at a time:\n",
+      k, adaptive ? "adaptive" : "fixed");
+  bool same = true;
+  for (const auto& [kind, prompts] : j.at("prompts").items()) {
+    for (int n : streams) {
+      DraftCompareOptions o;
+      o.streams = n;
+      o.draft_max = k;
+      o.adaptive = adaptive;
+      o.threads = 1;
+      const DraftComparison c =
+          compare_drafting(model, prompts.get<std::vector<std::vector<int32_t>>>(), stops, o);
+      same = same && c.same_tokens;
+      std::printf("  %s\n", describe(kind, n, c).c_str());
+      std::fflush(stdout);
+    }
+  }
+  return same ? 0 : 1;
+}
+
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> v;
   std::stringstream ss(s);
@@ -329,6 +374,10 @@ int run(int argc, char** argv) {
   std::vector<int> batches = {1, 8, 32};
   int steps = 64, prompt = 32, prefill = 512;
   bool graphs = true, kernels = false, engine = false;
+  int draft = 0;  // --draft K: plain against drafted decoding through the engine
+  bool draft_fixed = false;
+  std::string draft_prompts = "bench/draft_prompts.json";
+  std::vector<int> draft_streams = {1, 4};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -358,11 +407,20 @@ int run(int argc, char** argv) {
       kernels = true;
     else if (a == "--engine")
       engine = true;
+    else if (a == "--draft")
+      draft = std::atoi(next().c_str());
+    else if (a == "--draft-fixed")
+      draft_fixed = true;
+    else if (a == "--draft-prompts")
+      draft_prompts = next();
+    else if (a == "--draft-streams")
+      draft_streams = parse_list(next());
     else {
       std::fprintf(stderr,
                    "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
                    "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
-                   "[--kernels] [--engine]\n");
+                   "[--kernels] [--engine] [--draft K [--draft-fixed] [--draft-prompts JSON] "
+                   "[--draft-streams 1,4]]\n");
       return 2;
     }
   }
@@ -501,6 +559,8 @@ int run(int argc, char** argv) {
       std::printf("| prompt %d, %d tokens each | %d | %.1f |\n", prompt, steps, B,
                   engine_decode(*host, B, prompt, steps, rng));
   }
+  if (draft > 0 && host)
+    return draft_table(*host, draft, !draft_fixed, draft_prompts, draft_streams);
   return 0;
 }
 

@@ -91,6 +91,12 @@ struct CudaModel::DevLayer {
   DevFfn shared, mlp;
   DevMat shared_gate;  // [1, H] f32
 };
+// The MTP head (qwen3-next.md §6): fc [H, 2H], its input norms, one decoder layer, its final norm.
+struct CudaModel::DevMtp {
+  DevMat fc;
+  DeviceArray<float> pre_fc_norm_embedding, pre_fc_norm_hidden, norm;
+  DevLayer layer;
+};
 
 namespace {
 
@@ -183,6 +189,11 @@ void CudaModel::finish_init() {
   b.lm_head = lm_head_->size();
   b.embed_row = embed_->size() / std::max<int64_t>(1, embed_->rows);
   b.total += b.dense + b.lm_head + embed_->size() + f(final_norm_);
+  if (mtp_) {
+    const DevLayer& L = mtp_->layer;
+    b.total += mtp_->fc.size() + 3 * f(mtp_->norm) + L.qkv.size() + L.o_proj.size() +
+               L.router.size() + ffn(L.experts) + ffn(L.shared) + ffn(L.mlp);
+  }
   TF_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -202,7 +213,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int devi
   m->embed_ = std::make_unique<DevMat>(mat(w.embed));
   m->lm_head_ = std::make_unique<DevMat>(mat(w.lm_head));
   m->final_norm_ = upload(w.final_norm);
-  for (const LayerWeights& L : w.layers) {
+  auto layer = [&](const LayerWeights& L) -> Result<DevLayer> {
     DevLayer d;
     d.full_attention = L.full_attention;
     d.moe = L.moe;
@@ -237,7 +248,19 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int devi
     } else {
       d.mlp = ffn(L.mlp);
     }
+    return d;
+  };
+  for (const LayerWeights& L : w.layers) {
+    TF_ASSIGN_OR_RETURN(DevLayer d, layer(L));
     m->layers_.push_back(std::move(d));
+  }
+  if (w.mtp != nullptr) {
+    m->mtp_ = std::make_unique<DevMtp>();
+    m->mtp_->fc = mat(w.mtp->fc);
+    m->mtp_->pre_fc_norm_embedding = upload(w.mtp->pre_fc_norm_embedding);
+    m->mtp_->pre_fc_norm_hidden = upload(w.mtp->pre_fc_norm_hidden);
+    m->mtp_->norm = upload(w.mtp->norm);
+    TF_ASSIGN_OR_RETURN(m->mtp_->layer, layer(w.mtp->layer));
   }
   m->finish_init();
   return m;
@@ -338,8 +361,11 @@ void CudaModel::drop_graphs() {
 }
 
 std::unique_ptr<DeviceState> CudaSequenceState::clone() const {
+  TF_CUDA_REQUIRE(verify_base < 0, "clone(): a verify window is open");
   auto c = std::make_unique<CudaSequenceState>();
   c->n_past = n_past;
+  c->conv_rows = conv_rows;
+  c->stream = stream;
   c->layers.resize(layers.size());
   auto copy = [](DeviceArray<float>& to, const DeviceArray<float>& from, size_t n) {
     to = DeviceArray<float>(n);
@@ -347,17 +373,28 @@ std::unique_ptr<DeviceState> CudaSequenceState::clone() const {
       TF_CUDA_CHECK(
           cudaMemcpy(to.data(), from.data(), n * sizeof(float), cudaMemcpyDeviceToDevice));
   };
+  // The first `rows` rows of an attention cache.
+  auto copy_cache = [&](Layer& b, const Layer& a, int64_t rows) {
+    if (a.capacity <= 0) return;
+    const size_t kv_row = a.k.size() / static_cast<size_t>(a.capacity);
+    b.capacity = rows;
+    copy(b.k, a.k, rows * kv_row);
+    copy(b.v, a.v, rows * kv_row);
+  };
   for (size_t i = 0; i < layers.size(); ++i) {
     const Layer& a = layers[i];
     Layer& b = c->layers[i];
-    if (a.capacity > 0) {
-      const size_t kv_row = a.k.size() / static_cast<size_t>(a.capacity);
-      b.capacity = n_past;
-      copy(b.k, a.k, n_past * kv_row);
-      copy(b.v, a.v, n_past * kv_row);
-    }
+    copy_cache(b, a, n_past);
     copy(b.conv, a.conv, a.conv.size());
     copy(b.S, a.S, a.S.size());
+  }
+  if (has_mtp) {
+    c->has_mtp = true;
+    c->mtp_rows = mtp_rows;
+    c->mtp_tokens = mtp_tokens;
+    copy_cache(c->mtp, mtp, mtp_rows);
+    c->hidden_size = hidden_size;
+    copy(c->mtp_hidden, mtp_hidden, (n_past - mtp_rows) * hidden_size);
   }
   // Device-to-device cudaMemcpy may return before the copy is done, and the model's stream does
   // not wait for the legacy stream (cudaStreamNonBlocking).
@@ -366,14 +403,51 @@ std::unique_ptr<DeviceState> CudaSequenceState::clone() const {
 }
 
 size_t CudaSequenceState::bytes() const {
-  size_t n = 0;
-  for (const Layer& l : layers) n += l.k.size() + l.v.size() + l.conv.size() + l.S.size();
-  return n * sizeof(float);
+  size_t n = mtp.k.size() + mtp.v.size() + mtp_hidden.size();
+  for (const Layer& l : layers)
+    n +=
+        l.k.size() + l.v.size() + l.conv.size() + l.S.size() + l.conv_hist.size() + l.S_hist.size();
+  return n * sizeof(float) + mtp_tokens.capacity() * sizeof(int32_t);
 }
 
-CudaSequenceState CudaModel::new_state() const {
+void CudaSequenceState::rollback(int64_t n) {
+  TF_CUDA_REQUIRE(
+      verify_base >= 0 && verify_base < n && n <= n_past && n_past == verify_base + verify_T,
+      "rollback(): outside the verify window of the last step");
+  if (n < n_past) {
+    const int64_t j = n - verify_base;  // tokens of the verify step that stay, 1 .. T-1
+    const cudaStream_t s = as_stream(stream);
+    for (Layer& l : layers) {
+      if (l.S.size() == 0) continue;
+      const size_t ns = l.S.size(), nc = l.conv.size(), C = conv_rows > 0 ? nc / conv_rows : 0;
+      TF_CUDA_CHECK(cudaMemcpyAsync(l.S.data(), l.S_hist.data() + (j - 1) * ns, ns * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, s));
+      if (nc > 0)
+        TF_CUDA_CHECK(cudaMemcpyAsync(l.conv.data(), l.conv_hist.data() + j * C, nc * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, s));
+    }
+    // The step only appended pending rows of the head (H[p] rows beyond n - R are dropped
+    // with n_past): the rejected tokens' go.
+    if (has_mtp) mtp_tokens.resize(n - 1 - mtp_rows);
+    n_past = n;
+  }
+  verify_base = -1;
+  verify_T = 0;
+}
+
+void CudaSequenceState::release_verify() {
+  TF_CUDA_REQUIRE(verify_base < 0, "release_verify(): the verify window is open");
+  for (Layer& l : layers) l.conv_hist = DeviceArray<float>(), l.S_hist = DeviceArray<float>();
+}
+
+CudaSequenceState CudaModel::new_state(bool mtp) const {
   const ModelConfig& c = config();
+  TF_CUDA_REQUIRE(!mtp || has_mtp(), "new_state(mtp = true): the model has no MTP head");
   CudaSequenceState s;
+  s.has_mtp = mtp;
+  s.conv_rows = c.linear_conv_kernel_dim - 1;
+  s.hidden_size = c.hidden_size;
+  s.stream = stream_;
   s.layers.resize(c.num_hidden_layers);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     if (c.full_attention[i]) continue;
@@ -388,20 +462,23 @@ CudaSequenceState CudaModel::new_state() const {
 }
 
 namespace {
+// Replaces `a` by a buffer of `n` floats holding its first `keep` floats.
+void regrow(DeviceArray<float>& a, size_t n, size_t keep, cudaStream_t s) {
+  DeviceArray<float> b(n);
+  if (keep > 0)
+    TF_CUDA_CHECK(
+        cudaMemcpyAsync(b.data(), a.data(), keep * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  TF_CUDA_CHECK(cudaStreamSynchronize(s));  // before the old buffer is freed
+  a = std::move(b);
+}
 // Grows the attention caches of layer `st` to hold `need` positions, keeping rows < keep.
 void grow_cache(CudaSequenceState::Layer& st, int64_t need, int64_t keep, size_t kv_row,
                 cudaStream_t s) {
   if (need <= st.capacity) return;
   const int64_t cap = std::max<int64_t>({need, 2 * st.capacity, 256});
-  DeviceArray<float> nk(cap * kv_row), nv(cap * kv_row);
-  if (keep > 0) {
-    TF_CUDA_CHECK(cudaMemcpyAsync(nk.data(), st.k.data(), keep * kv_row * sizeof(float),
-                                  cudaMemcpyDeviceToDevice, s));
-    TF_CUDA_CHECK(cudaMemcpyAsync(nv.data(), st.v.data(), keep * kv_row * sizeof(float),
-                                  cudaMemcpyDeviceToDevice, s));
-  }
-  TF_CUDA_CHECK(cudaStreamSynchronize(s));  // before the old buffers are freed
-  st.k = std::move(nk), st.v = std::move(nv), st.capacity = cap;
+  regrow(st.k, cap * kv_row, keep * kv_row, s);
+  regrow(st.v, cap * kv_row, keep * kv_row, s);
+  st.capacity = cap;
 }
 }  // namespace
 
@@ -450,7 +527,14 @@ enum Slot : int {
   kShared,
   kSharedGate,
   kRows,
-  kLogits
+  kLogits,
+  kMtpU,     // the head's fc input [M, 2H]
+  kMtpE,     // its normed embedding rows [M, H]
+  kMtpHid,   // its normed hidden rows [M, H]
+  kDraftH0,  // drafting: the head's output hidden states, two buffers taking turns [M, H]
+  kDraftH1,
+  kDraftProb,    // [steps, M] top probabilities
+  kDraftLogits,  // [steps, M, V] (rows wanted by the caller) or [M, V]
 };
 
 void matmul(const auto& W, const float* x, int64_t n, float* y, cudaStream_t s) {
@@ -460,9 +544,12 @@ void matmul(const auto& W, const float* x, int64_t n, float* y, cudaStream_t s) 
 
 // One step's tables in table_, in 8-byte words: ids int32 [N], rows int32 [R], starts int32
 // [nseq + 1], pos int64 [N], then per attention layer k and v cache pointers [N] each, then per
-// Gated DeltaNet layer conv and S state pointers [nseq] each. Offsets depend on (N, nseq, R) only.
+// Gated DeltaNet layer conv and S state pointers [nseq] each and the verify history pointers
+// conv_hist and S_hist [nseq] each (null outside verify steps), then per token the MTP head's
+// hidden-row destination hid [N] (null for states without the head). Offsets depend on (N,
+// nseq, R) only.
 struct CudaModel::Table {
-  int64_t ids, rows, starts, pos, kc, vc, conv, S, words;
+  int64_t ids, rows, starts, pos, kc, vc, conv, S, conv_hist, S_hist, hid, words;
   int64_t N, nseq;
   const uint64_t* base;
   Table(int64_t N_, int64_t nseq_, int64_t R, int64_t n_attn, int64_t n_gdn, const uint64_t* b)
@@ -475,7 +562,10 @@ struct CudaModel::Table {
     vc = kc + n_attn * N;
     conv = vc + n_attn * N;
     S = conv + n_gdn * nseq;
-    words = S + n_gdn * nseq;
+    conv_hist = S + n_gdn * nseq;
+    S_hist = conv_hist + n_gdn * nseq;
+    hid = S_hist + n_gdn * nseq;
+    words = hid + N;
   }
   template <class T>
   T* at(int64_t off) const {
@@ -489,18 +579,37 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
   int64_t N = 0, R = 0;
   for (const auto& i : in) {
     const int64_t T = static_cast<int64_t>(i.tokens.size());
+    TF_CUDA_REQUIRE(i.state->verify_base < 0,
+                    "a state's verify window is open: call rollback() before its next step");
     N += T;
-    R += T == 0 ? 0 : (i.all_logits ? T : 1);
+    R += T == 0 ? 0 : (i.all_logits || i.verify ? T : 1);
   }
   const int64_t nseq = static_cast<int64_t>(in.size());
   *N_out = N, *nseq_out = nseq;
   if (N == 0) return 0;
   const size_t kv_row = c.num_key_value_heads * c.head_dim;
-  for (const auto& i : in)
-    for (int64_t li = 0; li < c.num_hidden_layers; ++li)
-      if (c.full_attention[li])
-        grow_cache(i.state->layers[li], i.state->n_past + static_cast<int64_t>(i.tokens.size()),
-                   i.state->n_past, kv_row, s);
+  const int64_t H = c.hidden_size, C = c.conv_dim(), K1 = c.linear_conv_kernel_dim - 1;
+  const size_t S_size = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
+  for (const auto& i : in) {
+    CudaSequenceState& st = *i.state;
+    const int64_t T = static_cast<int64_t>(i.tokens.size());
+    for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
+      CudaSequenceState::Layer& l = st.layers[li];
+      if (c.full_attention[li]) {
+        grow_cache(l, st.n_past + T, st.n_past, kv_row, s);
+      } else if (i.verify && T > 0) {  // history scratch, grown only
+        const size_t nc = static_cast<size_t>((K1 + T) * C);
+        if (l.conv_hist.size() < nc) regrow(l.conv_hist, nc, 0, s);
+        if (l.S_hist.size() < T * S_size) regrow(l.S_hist, T * S_size, 0, s);
+      }
+    }
+    if (st.has_mtp) {  // room for H[p] of the new tokens after the pending ones
+      const size_t rows = st.n_past + T - st.mtp_rows;
+      if (st.mtp_hidden.size() < rows * H)
+        regrow(st.mtp_hidden, std::max<size_t>(2 * rows, 128) * H, (st.n_past - st.mtp_rows) * H,
+               s);
+    }
+  }
   Table tb(N, nseq, R, n_attn_, n_gdn_, nullptr);
   host_table_.assign(tb.words, 0);
   Table ht(N, nseq, R, n_attn_, n_gdn_, host_table_.data());
@@ -513,10 +622,14 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
     const CudaStepInput& i = in[q];
     const int64_t T = static_cast<int64_t>(i.tokens.size());
     starts[q] = static_cast<int32_t>(t);
+    CudaSequenceState& st = *i.state;
     for (int64_t u = 0; u < T; ++u) {
       ids[t + u] = i.tokens[u];
       pos[t + u] = i.state->n_past + u;
-      if (u == T - 1 || i.all_logits) rows[r++] = static_cast<int32_t>(t + u);
+      if (u == T - 1 || i.all_logits || i.verify) rows[r++] = static_cast<int32_t>(t + u);
+      if (st.has_mtp)
+        host_table_[ht.hid + t + u] =
+            reinterpret_cast<uint64_t>(st.mtp_hidden.data() + (st.n_past - st.mtp_rows + u) * H);
       for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
         if (!c.full_attention[li]) continue;
         host_table_[ht.kc + ordinal_[li] * N + t + u] =
@@ -531,7 +644,18 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
           reinterpret_cast<uint64_t>(i.state->layers[li].conv.data());
       host_table_[ht.S + ordinal_[li] * nseq + q] =
           reinterpret_cast<uint64_t>(i.state->layers[li].S.data());
+      if (i.verify && T > 0) {
+        host_table_[ht.conv_hist + ordinal_[li] * nseq + q] =
+            reinterpret_cast<uint64_t>(i.state->layers[li].conv_hist.data());
+        host_table_[ht.S_hist + ordinal_[li] * nseq + q] =
+            reinterpret_cast<uint64_t>(i.state->layers[li].S_hist.data());
+      }
     }
+    if (i.verify && T > 0) st.verify_base = st.n_past, st.verify_T = T;
+    // x[0] follows no position; every later token is the next token of the position before.
+    if (st.has_mtp && T > 0)
+      st.mtp_tokens.insert(st.mtp_tokens.end(), i.tokens.begin() + (st.n_past == 0 ? 1 : 0),
+                           i.tokens.end());
     t += T;
   }
   starts[nseq] = static_cast<int32_t>(t);
@@ -570,6 +694,7 @@ void CudaModel::enqueue(int64_t N, int64_t nseq, int64_t R) {
   }
   // Last residual add and the final norm (row-local, so on every row), then the logits rows.
   cuda::add_rmsnorm_zc(x, y, final_norm_.data(), N, H, eps, xn, s);
+  if (mtp_) cuda::store_rows(xn, N, H, tb.at<float* const>(tb.hid), s);  // H[p] for the head
   float* h = scratch(kRows, R * H);
   cuda::gather_rows(xn, tb.at<int32_t>(tb.rows), R, H, h, s);
   matmul(*lm_head_, h, R, scratch(kLogits, R * V), s);
@@ -578,7 +703,7 @@ void CudaModel::enqueue(int64_t N, int64_t nseq, int64_t R) {
 int64_t CudaModel::step(std::span<const CudaStepInput> in) {
   const cudaStream_t s = as_stream(stream_);
   bool decode = graphs_on_;
-  for (const auto& i : in) decode = decode && i.tokens.size() == 1 && !i.all_logits;
+  for (const auto& i : in) decode = decode && i.tokens.size() == 1 && !i.all_logits && !i.verify;
   int64_t N = 0, nseq = 0;
   const int64_t R = prepare(in, &N, &nseq);
   if (N == 0) return 0;
@@ -616,7 +741,16 @@ void CudaModel::forward(std::span<const CudaStepInput> inputs, std::vector<float
   logits->resize(first + R * V);
   TF_CUDA_CHECK(cudaMemcpyAsync(logits->data() + first, scratch_[kLogits].data(),
                                 R * V * sizeof(float), cudaMemcpyDeviceToHost, s));
+  sync_due(inputs);
   TF_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void CudaModel::sync_due(std::span<const CudaStepInput> in) {
+  std::vector<CudaSequenceState*> due;
+  for (const auto& i : in)
+    if (i.state->has_mtp && !i.verify && i.state->mtp_tokens.size() >= kMtpSyncRows)
+      due.push_back(i.state);
+  if (!due.empty()) mtp_sync(due);
 }
 
 void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
@@ -630,7 +764,225 @@ void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
   tokens->resize(first + R);
   TF_CUDA_CHECK(
       cudaMemcpyAsync(tokens->data() + first, d, R * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+  sync_due(inputs);
   TF_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+// ---- the MTP head ---------------------------------------------------------------------------
+
+uint64_t* CudaModel::upload_mtp_table(const std::vector<uint64_t>& words) {
+  // Not grow_tracked: no captured graph reads this buffer.
+  if (mtp_table_.size() < words.size())
+    mtp_table_ = DeviceArray<uint64_t>(std::max(words.size(), 2 * mtp_table_.size()));
+  // From pageable memory: the copy has read `words` when this returns.
+  TF_CUDA_CHECK(cudaMemcpyAsync(mtp_table_.data(), words.data(), words.size() * sizeof(uint64_t),
+                                cudaMemcpyHostToDevice, as_stream(stream_)));
+  return mtp_table_.data();
+}
+
+void CudaModel::mtp_in(const int32_t* ids, const float* hid, int64_t M, float* x, float* xn) {
+  const ModelConfig& c = config();
+  const cudaStream_t s = as_stream(stream_);
+  const int64_t H = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const DevMtp& m = *mtp_;
+  float* e = scratch(kMtpE, M * H);
+  float* hn = scratch(kMtpHid, M * H);
+  float* u = scratch(kMtpU, M * 2 * H);
+  cuda::embed_rows(embed_->dtype, embed_->bytes.data(), H, ids, M, e, s);
+  cuda::rmsnorm_zc(e, m.pre_fc_norm_embedding.data(), M, H, eps, e, s);
+  cuda::rmsnorm_zc(hid, m.pre_fc_norm_hidden.data(), M, H, eps, hn, s);
+  const size_t row = H * sizeof(float);
+  TF_CUDA_CHECK(cudaMemcpy2DAsync(u, 2 * row, e, row, row, M, cudaMemcpyDeviceToDevice, s));
+  TF_CUDA_CHECK(cudaMemcpy2DAsync(u + H, 2 * row, hn, row, row, M, cudaMemcpyDeviceToDevice, s));
+  matmul(m.fc, u, M, x, s);
+  cuda::rmsnorm_zc(x, m.layer.input_norm.data(), M, H, eps, xn, s);
+}
+
+void CudaModel::mtp_attention(const int64_t* pos, float* const* kc, float* const* vc, int64_t M,
+                              const float* xn, float* y) {
+  const ModelConfig& c = config();
+  const cudaStream_t s = as_stream(stream_);
+  const DevLayer& L = mtp_->layer;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, D = c.head_dim;
+  float* qkv = scratch(kProj, M * L.qkv.rows);
+  matmul(L.qkv, xn, M, qkv, s);
+  float* q = scratch(kQ, M * nh * D);
+  float* gate = scratch(kGate, M * nh * D);
+  cuda::attn_prep(qkv, M, nh, nkv, D, c.rotary_dim(), L.q_norm.data(), L.k_norm.data(),
+                  static_cast<float>(c.rms_norm_eps), inv_freq_.data(), pos, q, gate, kc, vc, s);
+  if (y == nullptr) return;  // cache rows only (mtp_sync)
+  float* o = scratch(kO, M * nh * D);
+  cuda::attention_table(q, M, pos, kc, vc, nh, nkv, D, 1.0f / std::sqrt(static_cast<float>(D)),
+                        gate, o, s);
+  matmul(L.o_proj, o, M, y, s);
+}
+
+namespace {
+// Words of a table for the MTP calls: int32 ids [M], then int64 pos [P], then pointers.
+struct MtpTable {
+  std::vector<uint64_t> words;
+  int64_t M, P, ids = 0, pos, kc, vc, src;
+  MtpTable(int64_t M_, int64_t P_) : M(M_), P(P_) {
+    pos = (M + 1) / 2;
+    kc = pos + P;
+    vc = kc + M;
+    src = vc + M;
+    words.assign(src + M, 0);
+  }
+  int32_t* id() { return reinterpret_cast<int32_t*>(words.data() + ids); }
+  int64_t* position() { return reinterpret_cast<int64_t*>(words.data() + pos); }
+};
+uint64_t addr(const float* p) {
+  return reinterpret_cast<uint64_t>(p);
+}
+}  // namespace
+
+void CudaModel::mtp_sync(std::span<CudaSequenceState* const> states) {
+  const ModelConfig& c = config();
+  const cudaStream_t s = as_stream(stream_);
+  const int64_t H = c.hidden_size;
+  const size_t kv_row = c.num_key_value_heads * c.head_dim;
+  int64_t M = 0;
+  for (CudaSequenceState* st : states) {
+    TF_CUDA_REQUIRE(st->has_mtp && st->verify_base < 0,
+                    "mtp_sync(): needs an MTP state with its verify window closed");
+    const int64_t n = static_cast<int64_t>(st->mtp_tokens.size());
+    TF_CUDA_REQUIRE(st->mtp_rows + n + 1 == st->n_past || (st->n_past == 0 && n == 0),
+                    "mtp_sync(): the head's rows do not add up to n_past");
+    grow_cache(st->mtp, st->mtp_rows + n, st->mtp_rows, kv_row, s);
+    M += n;
+  }
+  if (M == 0) return;
+  // Pending row i of a state: position R + i, hidden H[R + i], token x[R + i + 1].
+  MtpTable tb(M, M);
+  int64_t r = 0;
+  for (CudaSequenceState* st : states) {
+    for (size_t i = 0; i < st->mtp_tokens.size(); ++i, ++r) {
+      tb.id()[r] = st->mtp_tokens[i];
+      tb.position()[r] = st->mtp_rows + static_cast<int64_t>(i);
+      tb.words[tb.kc + r] = addr(st->mtp.k.data());
+      tb.words[tb.vc + r] = addr(st->mtp.v.data());
+      tb.words[tb.src + r] = addr(st->mtp_hidden.data() + i * H);
+    }
+  }
+  uint64_t* d = upload_mtp_table(tb.words);
+  float* hid = scratch(kDraftH0, M * H);
+  cuda::load_rows(reinterpret_cast<const float* const*>(d + tb.src), M, H, hid, s);
+  float* x = scratch(kX, M * H);
+  float* xn = scratch(kXn, M * H);
+  mtp_in(reinterpret_cast<const int32_t*>(d + tb.ids), hid, M, x, xn);
+  mtp_attention(reinterpret_cast<const int64_t*>(d + tb.pos), reinterpret_cast<float**>(d + tb.kc),
+                reinterpret_cast<float**>(d + tb.vc), M, xn, nullptr);
+  for (CudaSequenceState* st : states) {  // keep H[n_past - 1] only, as row 0
+    const int64_t n = static_cast<int64_t>(st->mtp_tokens.size());
+    if (n > 0)
+      TF_CUDA_CHECK(cudaMemcpyAsync(st->mtp_hidden.data(), st->mtp_hidden.data() + n * H,
+                                    H * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    st->mtp_rows += n;
+    st->mtp_tokens.clear();
+  }
+}
+
+void CudaModel::draft(std::span<const DraftInput> inputs, std::span<Draft> out) {
+  TF_CUDA_REQUIRE(inputs.size() == out.size() && has_mtp(), "draft(): inputs and outputs");
+  const ModelConfig& c = config();
+  const cudaStream_t s = as_stream(stream_);
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const size_t kv_row = c.num_key_value_heads * c.head_dim;
+  auto dev = [](const DraftInput& d) {
+    return static_cast<CudaSequenceState*>(d.state->device.get());
+  };
+  std::vector<CudaSequenceState*> states;
+  for (const DraftInput& d : inputs) states.push_back(dev(d));
+  mtp_sync(states);
+  // Rows in order of max_tokens, largest first, so that the rows still drafting at step s are a
+  // prefix of those at step s - 1 (their ids and hidden states are that step's first rows).
+  std::vector<size_t> order;
+  int steps = 0;
+  bool want_logits = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const DraftInput& d = inputs[i];
+    const CudaSequenceState& st = *states[i];
+    TF_CUDA_REQUIRE(st.has_mtp && st.n_past >= 1 && st.verify_base < 0,
+                    "draft(): needs an MTP state after a step with its window closed");
+    out[i] = Draft{};
+    if (d.max_tokens <= 0) continue;
+    order.push_back(i);
+    steps = std::max(steps, d.max_tokens);
+    want_logits = want_logits || d.want_logits;
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return inputs[a].max_tokens > inputs[b].max_tokens; });
+  const int64_t M1 = static_cast<int64_t>(order.size());
+  if (M1 == 0) return;
+  MtpTable tb(M1, steps * M1);
+  for (int64_t r = 0; r < M1; ++r) {
+    const DraftInput& d = inputs[order[r]];
+    CudaSequenceState& st = *states[order[r]];
+    // Step s writes the head's scratch row at position n_past - 1 + s.
+    grow_cache(st.mtp, st.n_past - 1 + d.max_tokens, st.mtp_rows, kv_row, s);
+    tb.id()[r] = d.next_token;
+    for (int step = 0; step < steps; ++step) tb.position()[step * M1 + r] = st.n_past - 1 + step;
+    tb.words[tb.kc + r] = addr(st.mtp.k.data());
+    tb.words[tb.vc + r] = addr(st.mtp.v.data());
+    tb.words[tb.src + r] = addr(st.mtp_hidden.data());  // H[n_past - 1]
+  }
+  uint64_t* d = upload_mtp_table(tb.words);
+  int32_t* tok = grow_tracked(draft_tok_, steps * M1);
+  float* prob = scratch(kDraftProb, steps * M1);
+  float* logits = scratch(kDraftLogits, (want_logits ? steps : 1) * M1 * V);
+  float* x = scratch(kX, M1 * H);
+  float* xn = scratch(kXn, M1 * H);
+  float* y = scratch(kY, M1 * H);
+  float* hbuf[2] = {scratch(kDraftH0, M1 * H), scratch(kDraftH1, M1 * H)};
+  cuda::load_rows(reinterpret_cast<const float* const*>(d + tb.src), M1, H, hbuf[0], s);
+  const DevLayer& L = mtp_->layer;
+  for (int step = 0; step < steps; ++step) {
+    int64_t M = 0;
+    while (M < M1 && inputs[order[M]].max_tokens > step) ++M;
+    const int32_t* ids =
+        step == 0 ? reinterpret_cast<const int32_t*>(d + tb.ids) : tok + (step - 1) * M1;
+    float* hin = hbuf[step % 2];
+    float* hout = hbuf[(step + 1) % 2];
+    // One decoder layer of the head (§6.1): fc, gated attention over its own cache, MoE, norm.
+    mtp_in(ids, hin, M, x, xn);
+    mtp_attention(reinterpret_cast<const int64_t*>(d + tb.pos) + step * M1,
+                  reinterpret_cast<float**>(d + tb.kc), reinterpret_cast<float**>(d + tb.vc), M, xn,
+                  y);
+    cuda::add_rmsnorm_zc(x, y, L.post_norm.data(), M, H, eps, xn, s);
+    if (L.moe)
+      moe(L, xn, M, y);
+    else
+      ffn(L.mlp, xn, M, y);
+    cuda::add_rmsnorm_zc(x, y, mtp_->norm.data(), M, H, eps, hout, s);
+    float* lg = logits + (want_logits ? step * M1 * V : 0);
+    matmul(*lm_head_, hout, M, lg, s);
+    cuda::argmax_rows(lg, M, V, tok + step * M1, s, prob + step * M1);
+  }
+  std::vector<int32_t> htok(steps * M1);
+  std::vector<float> hprob(steps * M1), hlog(want_logits ? steps * M1 * V : 0);
+  TF_CUDA_CHECK(
+      cudaMemcpyAsync(htok.data(), tok, htok.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+  TF_CUDA_CHECK(
+      cudaMemcpyAsync(hprob.data(), prob, hprob.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+  if (want_logits)
+    TF_CUDA_CHECK(cudaMemcpyAsync(hlog.data(), logits, hlog.size() * sizeof(float),
+                                  cudaMemcpyDeviceToHost, s));
+  TF_CUDA_CHECK(cudaStreamSynchronize(s));
+  // The gate: a row's drafts end before its first one below p_min (the later ones are dropped).
+  for (int64_t r = 0; r < M1; ++r) {
+    const DraftInput& in = inputs[order[r]];
+    Draft& o = out[order[r]];
+    for (int step = 0; step < in.max_tokens; ++step) {
+      const int64_t at = step * M1 + r;
+      if (hprob[at] < in.p_min) break;
+      o.tokens.push_back(htok[at]);
+      o.top_prob.push_back(hprob[at]);
+      if (in.want_logits) o.logits.insert(o.logits.end(), &hlog[at * V], &hlog[(at + 1) * V]);
+    }
+  }
 }
 
 void CudaModel::attention_layer(const DevLayer& L, const Table& tb, int64_t N, const float* xn,
@@ -676,12 +1028,13 @@ void CudaModel::deltanet_layer(const DevLayer& L, const Table& tb, int64_t N, in
   float* vv = scratch(kVv, N * Hv * Dv);
   const int64_t lg = ordinal_[&L - layers_.data()];
   const int32_t* starts = tb.at<int32_t>(tb.starts);
-  cuda::conv_silu_seqs(xc, starts, tb.at<float* const>(tb.conv + lg * nseq), L.conv.data(), nseq, C,
-                       K, kd, qq, kk, vv, s);
+  cuda::conv_silu_seqs(xc, starts, tb.at<float* const>(tb.conv + lg * nseq),
+                       tb.at<float* const>(tb.conv_hist + lg * nseq), L.conv.data(), nseq, C, K, kd,
+                       qq, kk, vv, s);
   cuda::l2norm_scale_qk(qq, N * Hk, N * Hk, Dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(Dk)), s);
   float* o = scratch(kO, N * Hv * Dv);
-  cuda::delta_rule_seqs(qq, kk, vv, g, beta, starts, tb.at<float* const>(tb.S + lg * nseq), nseq,
-                        Hk, Hv, Dk, Dv, o, s);
+  cuda::delta_rule_seqs(qq, kk, vv, g, beta, starts, tb.at<float* const>(tb.S + lg * nseq),
+                        tb.at<float* const>(tb.S_hist + lg * nseq), nseq, Hk, Hv, Dk, Dv, o, s);
   cuda::rmsnorm_gated(o, z, L.gnorm.data(), N * Hv, Dv, eps, o, s);
   matmul(L.out_proj, o, N, y, s);
 }

@@ -48,6 +48,11 @@ struct CudaSequenceState final : DeviceState {
   std::unique_ptr<DeviceState> clone() const override;
   size_t bytes() const override;
 
+  // Closes the verify window of the last step (as SequenceState::rollback, model.h): keeps its
+  // first n - verify_base tokens. The copies are enqueued on the model's stream.
+  void rollback(int64_t n) override;
+  void release_verify() override;  // frees the verify scratch (window closed)
+
   int64_t n_past = 0;
   // Layer li's Gated DeltaNet state buffers, or attention caches (capacity grows on demand, or
   // by CudaModel::reserve up front).
@@ -56,14 +61,37 @@ struct CudaSequenceState final : DeviceState {
     int64_t capacity = 0;     // positions the caches hold
     DeviceArray<float> conv;  // Gated DeltaNet: [K-1, conv_dim]
     DeviceArray<float> S;     // Gated DeltaNet: [Hv, Dk, Dv]
+    // A verify step's history of this Gated DeltaNet layer (cuda::conv_silu_seqs, delta_rule_seqs):
+    // conv_hist [(K-1) + T, conv_dim], S_hist [>= T, Hv, Dk, Dv]; sizes kept between windows.
+    DeviceArray<float> conv_hist, S_hist;
   };
   std::vector<Layer> layers;
+
+  // The MTP head's state when `has_mtp`, as SequenceState's (model.h) with R = mtp_rows: cache
+  // rows [0, R) are the head's, mtp_hidden holds H[R .. n_past - 1] (its first rows), and the
+  // tokens x[R + 1 .. n_past - 1] wait on the host; CudaModel::mtp_sync computes the pending
+  // rows. mtp.k / mtp.v / mtp.capacity as an attention layer's.
+  bool has_mtp = false;
+  Layer mtp;
+  int64_t mtp_rows = 0;
+  DeviceArray<float> mtp_hidden;  // [capacity rows, H]; n_past - mtp_rows rows in use
+  std::vector<int32_t> mtp_tokens;
+
+  // The verify window opened by the last step (verify_base < 0: none), as SequenceState::verify.
+  int64_t verify_base = -1, verify_T = 0;
+  int64_t conv_rows = 0;    // K - 1
+  int64_t hidden_size = 0;  // H
+  void* stream = nullptr;   // the model's cudaStream_t: rollback's copies are ordered with steps
 };
 
 struct CudaStepInput {
   CudaSequenceState* state;
   std::span<const int32_t> tokens;
   bool all_logits = false;
+  // A verify step (StepInput::verify): logits for every token, and the Gated DeltaNet history
+  // kept so that state->rollback(n) can close the window. The device's steps are split-invariant
+  // (every kernel computes a token as a one-token decode does), so its rows equal decode rows.
+  bool verify = false;
 };
 
 // Bytes of weights a step reads (for the benchmark's roofline).
@@ -89,7 +117,9 @@ class CudaModel {
                                                          int device = 0);
   ~CudaModel();
 
-  CudaSequenceState new_state() const;
+  // A fresh state; with `mtp` (has_mtp()) it keeps the MTP head's state too.
+  CudaSequenceState new_state(bool mtp = false) const;
+  bool has_mtp() const { return mtp_ != nullptr; }
   // Sizes the attention caches of `s` for `positions` positions, so no step has to grow them.
   void reserve(CudaSequenceState* s, int64_t positions);
   // As Model::forward: appends [vocab] logits rows (host memory) for each input's last token
@@ -98,6 +128,12 @@ class CudaModel {
   // As forward, but the logits stay on the device: appends each logits row's argmax (ties to the
   // lower index) to `tokens`. Greedy decoding without moving [vocab] rows to the host.
   void forward_greedy(std::span<const CudaStepInput> inputs, std::vector<int32_t>* tokens);
+  // Model::draft and Model::mtp_sync on the device (has_mtp(); the states are device states,
+  // SequenceState::device). draft runs every step of every input on the device with one host
+  // synchronisation at the end; the confidence gate (p_min) is applied to the results, which
+  // gives what stopping at the first low-confidence draft gives.
+  void draft(std::span<const DraftInput> inputs, std::span<Draft> out);
+  void mtp_sync(std::span<CudaSequenceState* const> states);
   // Decode steps through CUDA graphs (default on); off: every step launches its kernels.
   void set_graphs(bool on) { graphs_on_ = on; }
   const ModelConfig& config() const { return config_; }
@@ -107,6 +143,7 @@ class CudaModel {
   struct DevMat;
   struct DevFfn;
   struct DevLayer;
+  struct DevMtp;
   struct Table;  // offsets of one step's pointer tables (cuda_model.cpp)
   explicit CudaModel(const ModelConfig& config);
   static Status init_device(CudaModel* m, int device);
@@ -123,6 +160,16 @@ class CudaModel {
                       float* y);
   void moe(const DevLayer& L, const float* xn, int64_t N, float* y);
   void ffn(const DevFfn& f, const float* x, int64_t N, float* y);
+  // The MTP head's fc input u [M, 2H] = [rmsnorm(embed(ids)) | rmsnorm(hid)] (ids, hid on the
+  // device), then fc and the layer's input norm: x [M, H] (the residual), xn [M, H].
+  void mtp_in(const int32_t* ids, const float* hid, int64_t M, float* x, float* xn);
+  // Gated attention of the head's layer for M rows at positions pos, caches kc / vc (tables).
+  void mtp_attention(const int64_t* pos, float* const* kc, float* const* vc, int64_t M,
+                     const float* xn, float* y);
+  // Uploads host words into mtp_table_ (the MTP calls' tables); returns its device address.
+  uint64_t* upload_mtp_table(const std::vector<uint64_t>& words);
+  // Runs forward's MTP bookkeeping after a step: syncs states with kMtpSyncRows rows due.
+  void sync_due(std::span<const CudaStepInput> in);
   float* scratch(int slot, size_t count);
   template <class T>
   T* grow_tracked(DeviceArray<T>& a, size_t n);
@@ -132,6 +179,7 @@ class CudaModel {
   int device_ = 0;
   void* stream_ = nullptr;  // cudaStream_t
   std::unique_ptr<DevMat> embed_, lm_head_;
+  std::unique_ptr<DevMtp> mtp_;  // the MTP head (null: none)
   DeviceArray<float> final_norm_, inv_freq_;
   std::vector<DevLayer> layers_;
   std::vector<int64_t> ordinal_;  // layer -> index among the attention (or Gated DeltaNet) layers
@@ -140,7 +188,8 @@ class CudaModel {
   std::vector<DeviceArray<float>> scratch_;  // grown on demand, one per slot
   DeviceArray<uint64_t> table_;              // the step's tables (8-byte words)
   std::vector<uint64_t> host_table_;
-  DeviceArray<int32_t> route_ex_, route_sorted_, route_tiles_, argmax_;
+  DeviceArray<int32_t> route_ex_, route_sorted_, route_tiles_, argmax_, draft_tok_;
+  DeviceArray<uint64_t> mtp_table_;
   // Buffers are only ever replaced, never resized in place; each replacement bumps generation_
   // and drops the graphs (they hold the old addresses).
   uint64_t generation_ = 0, graphs_gen_ = 0;

@@ -64,20 +64,32 @@ Status Model::use_cuda([[maybe_unused]] int device) {
 #endif
 }
 
+#ifdef TF_HAVE_CUDA
+namespace {
+CudaSequenceState* device_state(SequenceState* s) {
+  TF_CHECK(s->device, "a host state given to the device model");
+  return static_cast<CudaSequenceState*>(s->device.get());
+}
+}  // namespace
+#endif
+
 void Model::forward_cuda([[maybe_unused]] std::span<const StepInput> inputs,
                          [[maybe_unused]] std::vector<float>* logits) const {
 #ifdef TF_HAVE_CUDA
   std::vector<CudaStepInput> in;
   in.reserve(inputs.size());
   for (const StepInput& i : inputs) {
-    TF_CHECK(!i.verify, "verify steps do not run on the device (no drafting there)");
-    auto* s = static_cast<CudaSequenceState*>(i.state->device.get());
-    TF_CHECK(s != nullptr, "a host state given to the device model");
-    in.push_back(CudaStepInput{s, i.tokens, i.all_logits});
+    TF_CHECK(i.state->verify.base < 0,
+             "the state's verify window (from n_past {}) is open: call rollback() first",
+             i.state->verify.base);
+    in.push_back(CudaStepInput{device_state(i.state), i.tokens, i.all_logits, i.verify});
+    if (i.verify && !i.tokens.empty()) {
+      i.state->verify.base = i.state->n_past;
+      i.state->verify.T = static_cast<int64_t>(i.tokens.size());
+    }
   }
   cuda_->forward(in, logits);
-  for (const StepInput& i : inputs)
-    i.state->n_past = static_cast<CudaSequenceState*>(i.state->device.get())->n_past;
+  for (const StepInput& i : inputs) i.state->n_past = device_state(i.state)->n_past;
 #endif
 }
 
@@ -142,6 +154,13 @@ void SequenceState::rollback(int64_t n) {
   TF_CHECK(verify.base >= 0 && verify.base < n && n <= n_past,
            "rollback to {}: the verify window is [{}, {}]", n, verify.base, n_past);
   TF_CHECK(n_past == verify.base + verify.T, "n_past {} moved since the verify step", n_past);
+  if (device) {  // the buffers are the device state's
+    device.get()->rollback(n);
+    n_past = n;
+    verify.base = -1;
+    verify.T = 0;
+    return;
+  }
   if (n < n_past) {
     const int64_t j = n - verify.base;  // tokens of the verify step that stay, 1..T-1
     for (size_t li = 0; li < attn.size(); ++li) {
@@ -170,6 +189,7 @@ void SequenceState::rollback(int64_t n) {
 void SequenceState::release_verify() {
   TF_CHECK(verify.base < 0, "release_verify(): the verify window from {} is open", verify.base);
   if (link.leader() != nullptr) link.leader()->release_verify(link.id());
+  if (device) device.get()->release_verify();
   for (FloatBuf& b : verify.conv_hist) FloatBuf(b.get_allocator()).swap(b);
   for (FloatBuf& b : verify.S_hist) FloatBuf(b.get_allocator()).swap(b);
 }
@@ -180,7 +200,8 @@ SequenceState Model::new_state(BufferObserver* observer, bool mtp) const {
   SequenceState s;
 #ifdef TF_HAVE_CUDA
   if (cuda_) {
-    s.device = DeviceStateBox(std::make_unique<CudaSequenceState>(cuda_->new_state()));
+    s.device = DeviceStateBox(std::make_unique<CudaSequenceState>(cuda_->new_state(mtp)));
+    s.has_mtp = mtp;
     return s;
   }
 #endif
@@ -308,6 +329,14 @@ void Model::mtp_collect(std::span<const StepInput> inputs, std::span<const int64
 }
 
 void Model::mtp_sync(std::span<SequenceState* const> states, ThreadPool* pool) const {
+#ifdef TF_HAVE_CUDA
+  if (cuda_) {
+    std::vector<CudaSequenceState*> dev;
+    for (SequenceState* st : states) dev.push_back(device_state(st));
+    cuda_->mtp_sync(dev);
+    return;
+  }
+#endif
   if (leader_) leader_->send_mtp_sync(states);
   mtp_sync_local(states, pool);
 }
@@ -368,6 +397,13 @@ void Model::draft(std::span<const DraftInput> inputs, std::span<Draft> out,
   TF_CHECK(inputs.size() == out.size(), "{} inputs, {} outputs", inputs.size(), out.size());
   if (inputs.empty()) return;
   TF_CHECK(has_mtp(), "draft(): the checkpoint has no MTP head");
+#ifdef TF_HAVE_CUDA
+  if (cuda_) {
+    for (const DraftInput& d : inputs) device_state(d.state);
+    cuda_->draft(inputs, out);
+    return;
+  }
+#endif
   if (leader_) leader_->send_draft(inputs);
   const ModelConfig& c = config();
   const MtpWeights& m = *weights_->mtp;

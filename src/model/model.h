@@ -31,6 +31,9 @@ struct DeviceState {
   virtual ~DeviceState() = default;
   virtual std::unique_ptr<DeviceState> clone() const = 0;  // a deep copy: a snapshot
   virtual size_t bytes() const = 0;                        // device memory held
+  // SequenceState::rollback and release_verify, on the device's buffers.
+  virtual void rollback(int64_t n) = 0;
+  virtual void release_verify() = 0;
 };
 
 // Owns a DeviceState. Copying copies the state, so a copy of a SequenceState stays a snapshot on
@@ -174,7 +177,7 @@ class Model {
   const Weights& weights() const { return *weights_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 
-  bool has_mtp() const { return weights_->mtp != nullptr && !cuda_; }
+  bool has_mtp() const { return weights_->mtp != nullptr; }
 
   // A fresh state (n_past 0) whose buffers report to `observer` (nullptr: none). With `mtp` (the
   // model must have an MTP head) every forward also keeps the head's state, so that draft() can
@@ -210,10 +213,11 @@ class Model {
   // Runs every later step on CUDA device `device` (the CLI's --device cuda): copies the weights
   // there (CudaModel::create; the host copy stays, for tools that read it); states made by
   // new_state() afterwards live on the device, and forward() runs there (same steps, bf16 weights,
-  // fp32 state and accumulation: within bf16 tolerances of the CPU, not bitwise). Plain steps
-  // only: no verify steps and no drafting (the CUDA forward has no MTP head yet), so has_mtp()
-  // turns false. kUnavailable in a build without the CUDA backend, without such a device, or
-  // under tensor parallelism; kResourceExhausted when the weights do not fit.
+  // fp32 state and accumulation: within bf16 tolerances of the CPU, not bitwise), and so do
+  // verify steps, rollback, draft() and mtp_sync() (the MTP head is copied too), with the same
+  // contract among themselves: drafted == plain bit for bit on the device. kUnavailable in a
+  // build without the CUDA backend, without such a device, or under tensor parallelism;
+  // kResourceExhausted when the weights do not fit.
   Status use_cuda(int device = 0);
   bool on_device() const { return cuda_ != nullptr; }
   // The device model (nullptr on the CPU), e.g. for the device's name and memory in reports.

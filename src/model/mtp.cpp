@@ -76,6 +76,15 @@ void DraftPolicy::observe(int k, int emitted, double seconds) {
   }
 }
 
+double policy_clock(const Model& model) {
+  if (model.on_device())
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int32_t first,
                                    const GreedyOptions& o, ThreadPool* pool, DraftStats* stats) {
   using Clock = std::chrono::steady_clock;
@@ -97,16 +106,9 @@ std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int
            std::find(o.stop_tokens.begin(), o.stop_tokens.end(), t) != o.stop_tokens.end();
   };
   DraftPolicy policy(o.draft_max);
-  // The policy's clock: CPU seconds of the process, which other processes' load inflates less
-  // than wall time (the cost of a step is the work it does).
-  auto cpu_now = [] {
-    timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-  };
   int32_t tok = first;
   while (!emit(tok)) {
-    const double c0 = cpu_now();
+    const double c0 = policy_clock(model);
     d.tokens.clear();
     const int room = o.max_tokens - static_cast<int>(out.size());  // tokens still wanted, >= 1
     // More drafts than tokens still wanted would be wasted: at most room - 1 (+ the bonus).
@@ -132,7 +134,7 @@ std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int
     if (!verify) {
       const double s = secs(t0);
       st.verify_seconds += s;
-      policy.observe(k, 1, cpu_now() - c0);
+      policy.observe(k, 1, policy_clock(model) - c0);
       tok = argmax_row(logits);
       continue;
     }
@@ -141,7 +143,7 @@ std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int
     const double s = secs(t0);
     st.verify_seconds += s;
     const int j = static_cast<int>(d.tokens.size());
-    policy.observe(k, static_cast<int>(m) + 1, cpu_now() - c0);
+    policy.observe(k, static_cast<int>(m) + 1, policy_clock(model) - c0);
     ++st.verify_steps;
     st.drafted += j;
     st.accepted += m;

@@ -76,6 +76,11 @@ class DraftPolicy {
   std::vector<int64_t> last_;              // step at which each k was last used
 };
 
+// The drafting policy's clock, in seconds: on the CPU the process's CPU time (the cost of a step
+// is the work it does, which other processes' load inflates less than wall time); on a device
+// wall time (the host mostly waits for the device there).
+double policy_clock(const Model& model);
+
 struct GreedyOptions {
   int max_tokens = 16;               // tokens to return, first included
   std::vector<int32_t> stop_tokens;  // returned, then generation stops

@@ -1,7 +1,6 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
-#include <ctime>
 #include <utility>
 
 namespace tf {
@@ -23,13 +22,6 @@ const char* finish_reason_name(FinishReason r) {
 namespace {
 int64_t align_down(int64_t n) {
   return n / kDeltaChunk * kDeltaChunk;
-}
-// CPU seconds of the process: the drafting policy's clock (the cost of a step is the work it
-// does, which other processes' load disturbs less than wall time).
-double cpu_now() {
-  timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 }  // namespace
 
@@ -250,7 +242,7 @@ void Engine::step() {
     plan = sched_.plan();
   }
   if (plan.empty()) return;
-  const double c0 = mtp_ ? cpu_now() : 0.0;
+  const double c0 = mtp_ ? policy_clock(model_) : 0.0;
 
   // Draft: one batched Model::draft over the decode rows granted drafts.
   std::vector<DraftInput> din;
@@ -287,7 +279,7 @@ void Engine::step() {
   }
   std::vector<float> logits;
   model_.forward(inputs, &logits, &pool_);
-  const double cost = mtp_ ? cpu_now() - c0 : 0.0;
+  const double cost = mtp_ ? policy_clock(model_) - c0 : 0.0;
 
   // Commit: keep states at cut points; sample where a row ends a prompt or decodes (every verify
   // row, up to the first rejected draft); emit; finish; then advance the scheduler by what was

@@ -180,8 +180,7 @@ class Service {
     eo.draft_p_min = o_.draft_p_min;
     eo.draft_adaptive = o_.draft_adaptive;
     if (o_.draft_max > 0 && !model_->has_mtp()) {
-      spdlog::warn("drafting: off ({}, --draft-max {} ignored)",
-                   model_->on_device() ? "not on the device yet" : "the model has no MTP head",
+      spdlog::warn("drafting: off (the model has no MTP head, --draft-max {} ignored)",
                    o_.draft_max);
     } else if (o_.draft_max > 0) {
       spdlog::info("drafting: up to {} MTP drafts per step ({}, p_min {})", o_.draft_max,

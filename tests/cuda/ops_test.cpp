@@ -396,9 +396,18 @@ TEST_F(CudaOps, SequenceTablesMatchPerSequenceOps) {
   Dev<int32_t> dstarts(starts);
   Dev<uint64_t> dtab(
       std::vector<uint64_t>{reinterpret_cast<uint64_t>(ds0.p), reinterpret_cast<uint64_t>(ds1.p)});
-  cuda::conv_silu_seqs(dxc.p, dstarts.p, reinterpret_cast<float* const*>(dtab.p), dcw.p, 2, C, K,
-                       kd, dq.p, dk.p, dv.p, nullptr);
+  // Sequence 0 keeps its history (as a verify step does), sequence 1 none.
+  Dev<float> dh0((K - 1 + 3) * C);
+  Dev<uint64_t> dhist(std::vector<uint64_t>{reinterpret_cast<uint64_t>(dh0.p), 0});
+  cuda::conv_silu_seqs(dxc.p, dstarts.p, reinterpret_cast<float* const*>(dtab.p),
+                       reinterpret_cast<float* const*>(dhist.p), dcw.p, 2, C, K, kd, dq.p, dk.p,
+                       dv.p, nullptr);
   const auto q = dq.host(), kk = dk.host(), v = dv.host(), s0 = ds0.host(), s1 = ds1.host();
+  {
+    std::vector<float> want(st0);
+    want.insert(want.end(), xc.begin(), xc.begin() + 3 * C);
+    EXPECT_EQ(dh0.host(), want) << "conv history: the old state's rows, then the inputs";
+  }
   for (int seq = 0; seq < 2; ++seq) {  // reference: causal_conv_silu on [state | tokens]
     const int64_t t0 = starts[seq], T = starts[seq + 1] - t0;
     std::vector<float> in(seq == 0 ? st0 : st1);
@@ -423,8 +432,22 @@ TEST_F(CudaOps, SequenceTablesMatchPerSequenceOps) {
   Dev<float> dg(g), db(beta), dS0(S0), dS1(S1), dout(N * Hv * Dv);
   Dev<uint64_t> dSt(
       std::vector<uint64_t>{reinterpret_cast<uint64_t>(dS0.p), reinterpret_cast<uint64_t>(dS1.p)});
-  cuda::delta_rule_seqs(dq.p, dk.p, dv.p, dg.p, db.p, dstarts.p,
-                        reinterpret_cast<float* const*>(dSt.p), 2, Hk, Hv, Dk, Dv, dout.p, nullptr);
+  Dev<float> dSh(3 * Hv * Dk * Dv);  // sequence 0's states after each of its 3 tokens
+  Dev<uint64_t> dShist(std::vector<uint64_t>{reinterpret_cast<uint64_t>(dSh.p), 0});
+  cuda::delta_rule_seqs(
+      dq.p, dk.p, dv.p, dg.p, db.p, dstarts.p, reinterpret_cast<float* const*>(dSt.p),
+      reinterpret_cast<float* const*>(dShist.p), 2, Hk, Hv, Dk, Dv, dout.p, nullptr);
+  {
+    const auto hist = dSh.host();
+    for (int64_t t = 0; t < 3; ++t) {  // the state after t + 1 tokens alone
+      Dev<float> rS(S0), ro((t + 1) * Hv * Dv);
+      cuda::delta_rule_recurrent(dq.p, dk.p, dv.p, dg.p, db.p, t + 1, Hk, Hv, Dk, Dv, rS.p, ro.p,
+                                 nullptr);
+      const auto want = rS.host();
+      EXPECT_EQ(std::memcmp(hist.data() + t * Hv * Dk * Dv, want.data(), want.size() * 4), 0)
+          << "state history after token " << t;
+    }
+  }
   Dev<float> rS0(S0), rS1(S1), rout(N * Hv * Dv);
   cuda::delta_rule_recurrent(dq.p, dk.p, dv.p, dg.p, db.p, 3, Hk, Hv, Dk, Dv, rS0.p, rout.p,
                              nullptr);
@@ -478,8 +501,15 @@ TEST_F(CudaOps, ArgmaxAndFill) {
   l[2 * V + 0] = 9.0f;
   Dev<float> dl(l);
   Dev<int32_t> out(n);
-  cuda::argmax_rows(dl.p, n, V, out.p, nullptr);
+  Dev<float> prob(n);
+  cuda::argmax_rows(dl.p, n, V, out.p, nullptr, prob.p);
   EXPECT_EQ(out.host(), (std::vector<int32_t>{151935, 77, 0}));
+  const auto p = prob.host();
+  for (int64_t t = 0; t < n; ++t) {  // softmax probability of the argmax, in double on the host
+    double sum = 0;
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(double(l[t * V + i]) - 9.0);
+    EXPECT_NEAR(p[t], 1.0 / sum, 1e-6 / sum) << t;
+  }
 
   Dev<float> f(100000);
   cuda::fill_uniform(DType::kF32, f.p, 100000, 7, 0.5f, 2.0f, nullptr);

@@ -565,21 +565,24 @@ __global__ void kv_append_kernel(const float* __restrict__ k, const float* __res
 constexpr int kMaxConv = 8;
 __global__ void conv_silu_seqs_kernel(const float* __restrict__ xc,
                                       const int32_t* __restrict__ starts, float* const* state,
-                                      const float* __restrict__ w, int64_t C, int64_t K, int64_t kd,
-                                      float* __restrict__ q, float* __restrict__ kk,
-                                      float* __restrict__ v) {
+                                      float* const* hist, const float* __restrict__ w, int64_t C,
+                                      int64_t K, int64_t kd, float* __restrict__ q,
+                                      float* __restrict__ kk, float* __restrict__ v) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float* st = state[blockIdx.y];
+  float* hs = hist != nullptr ? hist[blockIdx.y] : nullptr;  // [(K-1) + T, C] or none
   float win[kMaxConv], wc[kMaxConv];
 #pragma unroll
   for (int j = 0; j < kMaxConv; ++j) {
     win[j] = j < K - 1 ? st[j * C + c] : 0.0f;
     wc[j] = j < K ? w[c * K + j] : 0.0f;
+    if (hs != nullptr && j < K - 1) hs[j * C + c] = win[j];
   }
-  const int64_t vd = C - 2 * kd;
-  for (int64_t i = starts[blockIdx.y]; i < starts[blockIdx.y + 1]; ++i) {
+  const int64_t vd = C - 2 * kd, i0 = starts[blockIdx.y];
+  for (int64_t i = i0; i < starts[blockIdx.y + 1]; ++i) {
     const float xin = xc[i * C + c];
+    if (hs != nullptr) hs[(K - 1 + i - i0) * C + c] = xin;
     float acc = 0;
 #pragma unroll
     for (int j = 0; j < kMaxConv; ++j)
@@ -690,7 +693,7 @@ __device__ __forceinline__ void delta_block(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ g, const float* __restrict__ beta, int64_t t0, int64_t t1, int64_t Hk,
     int64_t Hv, int64_t Dk, int64_t Dv, int64_t h, int64_t j0, float* __restrict__ Sh,
-    float* __restrict__ out) {
+    float* __restrict__ out, float* __restrict__ hist) {
   __shared__ float red[kDeltaWarps][kWarp];
   __shared__ float ks[kDeltaWarps * kDeltaMaxRows], qs[kDeltaWarps * kDeltaMaxRows];
   const int w = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -736,6 +739,12 @@ __device__ __forceinline__ void delta_block(
       for (int u = 1; u < kDeltaWarps; ++u) o += red[u][lane];
       out[(t * Hv + h) * Dv + j] = o;
     }
+    if (hist != nullptr) {  // S after token t, for a rollback to it
+      float* ht = hist + (t - t0) * Hv * Dk * Dv;
+#pragma unroll
+      for (int m = 0; m < kDeltaMaxRows; ++m)
+        if (m < rows && live) ht[(i0 + m) * Dv + j] = s[m];
+    }
     __syncthreads();
   }
 #pragma unroll
@@ -750,18 +759,19 @@ __global__ void delta_rule_recurrent_kernel(
     int64_t Dk, int64_t Dv, float* __restrict__ S, float* __restrict__ out) {
   const int64_t groups = (Dv + kWarp - 1) / kWarp;
   const int64_t h = blockIdx.x / groups, j0 = (blockIdx.x % groups) * kWarp;
-  delta_block(q, k, v, g, beta, 0, T, Hk, Hv, Dk, Dv, h, j0, S + h * Dk * Dv, out);
+  delta_block(q, k, v, g, beta, 0, T, Hk, Hv, Dk, Dv, h, j0, S + h * Dk * Dv, out, nullptr);
 }
 __global__ void delta_rule_seqs_kernel(const float* __restrict__ q, const float* __restrict__ k,
                                        const float* __restrict__ v, const float* __restrict__ g,
                                        const float* __restrict__ beta,
                                        const int32_t* __restrict__ starts, float* const* S,
-                                       int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
-                                       float* __restrict__ out) {
+                                       float* const* S_hist, int64_t Hk, int64_t Hv, int64_t Dk,
+                                       int64_t Dv, float* __restrict__ out) {
   const int64_t groups = (Dv + kWarp - 1) / kWarp;
   const int64_t h = blockIdx.x / groups, j0 = (blockIdx.x % groups) * kWarp;
+  float* hist = S_hist != nullptr ? S_hist[blockIdx.y] : nullptr;
   delta_block(q, k, v, g, beta, starts[blockIdx.y], starts[blockIdx.y + 1], Hk, Hv, Dk, Dv, h, j0,
-              S[blockIdx.y] + h * Dk * Dv, out);
+              S[blockIdx.y] + h * Dk * Dv, out, hist != nullptr ? hist + h * Dk * Dv : nullptr);
 }
 
 // Block (t, head): thread l scores key tile0 + l; then every thread d < D accumulates
@@ -916,7 +926,7 @@ __global__ void route_topk_kernel(const float* __restrict__ logits, int64_t n, i
 
 // One block per row; ties to the lower index.
 __global__ void argmax_rows_kernel(const float* __restrict__ logits, int64_t V,
-                                   int32_t* __restrict__ out) {
+                                   int32_t* __restrict__ out, float* __restrict__ prob) {
   __shared__ float sv[256];
   __shared__ int si[256];
   const float* l = logits + blockIdx.x * V;
@@ -937,6 +947,19 @@ __global__ void argmax_rows_kernel(const float* __restrict__ logits, int64_t V,
     __syncthreads();
   }
   if (threadIdx.x == 0) out[blockIdx.x] = si[0];
+  if (prob == nullptr) return;
+  // softmax probability of the argmax: 1 / sum_i exp(l_i - max), per-thread sums then a tree.
+  const float mx = sv[0];
+  __syncthreads();
+  float sum = 0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) sum += expf(l[i] - mx);
+  sv[threadIdx.x] = sum;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o /= 2) {
+    if (threadIdx.x < o) sv[threadIdx.x] += sv[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) prob[blockIdx.x] = 1.0f / sv[0];
 }
 
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
@@ -1048,6 +1071,19 @@ __global__ void gather_rows_kernel(const float* __restrict__ x, const int32_t* _
   const float* src = x + static_cast<int64_t>(idx[blockIdx.x]) * dim;
   float* dst = y + blockIdx.x * dim;
   for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dst[d] = src[d];
+}
+
+// Row blockIdx.x between a contiguous [n, dim] block and per-row pointers (null: skipped).
+__global__ void store_rows_kernel(const float* __restrict__ x, int64_t dim, float* const* dst) {
+  float* d = dst[blockIdx.x];
+  if (d == nullptr) return;
+  const float* src = x + blockIdx.x * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) d[i] = src[i];
+}
+__global__ void load_rows_kernel(const float* const* src, int64_t dim, float* __restrict__ y) {
+  const float* s = src[blockIdx.x];
+  float* d = y + blockIdx.x * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) d[i] = s[i];
 }
 
 __global__ void scatter_add_scaled_kernel(const float* __restrict__ x,
@@ -1259,33 +1295,34 @@ void kv_append(const float* k, const float* v, int64_t n, int64_t row, const int
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
-void conv_silu_seqs(const float* xc, const int32_t* starts, float* const* state, const float* w,
-                    int64_t nseq, int64_t C, int64_t K, int64_t kd, float* q, float* k, float* v,
-                    cudaStream_t stream) {
+void conv_silu_seqs(const float* xc, const int32_t* starts, float* const* state, float* const* hist,
+                    const float* w, int64_t nseq, int64_t C, int64_t K, int64_t kd, float* q,
+                    float* k, float* v, cudaStream_t stream) {
   TF_CUDA_REQUIRE(K >= 1 && K <= kMaxConv, "conv_silu_seqs: kernel width 1..8");
   if (nseq == 0) return;
   const dim3 grid(static_cast<unsigned>((C + 127) / 128), static_cast<unsigned>(nseq));
-  conv_silu_seqs_kernel<<<grid, 128, 0, stream>>>(xc, starts, state, w, C, K, kd, q, k, v);
+  conv_silu_seqs_kernel<<<grid, 128, 0, stream>>>(xc, starts, state, hist, w, C, K, kd, q, k, v);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void delta_rule_seqs(const float* q, const float* k, const float* v, const float* g,
-                     const float* beta, const int32_t* starts, float* const* S, int64_t nseq,
-                     int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* out,
-                     cudaStream_t stream) {
+                     const float* beta, const int32_t* starts, float* const* S,
+                     float* const* S_hist, int64_t nseq, int64_t Hk, int64_t Hv, int64_t Dk,
+                     int64_t Dv, float* out, cudaStream_t stream) {
   if (nseq == 0) return;
   TF_CUDA_REQUIRE(Dk % kDeltaWarps == 0 && Dk <= kDeltaWarps * kDeltaMaxRows,
                   "delta rule: Dk must be a multiple of 4, at most 128");
   const dim3 grid(static_cast<unsigned>(Hv * ((Dv + kWarp - 1) / kWarp)),
                   static_cast<unsigned>(nseq));
-  delta_rule_seqs_kernel<<<grid, kDeltaWarps * kWarp, 0, stream>>>(q, k, v, g, beta, starts, S, Hk,
-                                                                   Hv, Dk, Dv, out);
+  delta_rule_seqs_kernel<<<grid, kDeltaWarps * kWarp, 0, stream>>>(q, k, v, g, beta, starts, S,
+                                                                   S_hist, Hk, Hv, Dk, Dv, out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
-void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t stream) {
+void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t stream,
+                 float* prob) {
   if (n == 0) return;
-  argmax_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(logits, V, out);
+  argmax_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(logits, V, out, prob);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1428,6 +1465,18 @@ void gdn_gates(const float* b, const float* a, const float* dt_bias, const float
   if (n == 0) return;
   gdn_gates_kernel<<<blocks_for(n * Hv, 256), 256, 0, stream>>>(b, a, dt_bias, neg_exp_a, n, Hv,
                                                                 beta, g);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void store_rows(const float* x, int64_t n, int64_t dim, float* const* dst, cudaStream_t stream) {
+  if (n == 0) return;
+  store_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, dim, dst);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void load_rows(const float* const* src, int64_t n, int64_t dim, float* y, cudaStream_t stream) {
+  if (n == 0) return;
+  load_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(src, dim, y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 

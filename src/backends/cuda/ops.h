@@ -153,18 +153,25 @@ void attention_table(const float* q, int64_t T, const int64_t* pos, const float*
 // [n, C] and its conv state state[s] [K-1, C] (updated to its last K-1 inputs). One thread per
 // (sequence, channel) walks the tokens in order; the sums are causal_conv_silu's. The output
 // channels [q | k | v] go to q [n, kd], k [n, kd], v [n, C - 2 kd]. K <= 8.
-void conv_silu_seqs(const float* xc, const int32_t* starts, float* const* state, const float* w,
-                    int64_t nseq, int64_t C, int64_t K, int64_t kd, float* q, float* k, float* v,
-                    cudaStream_t stream);
+// hist (nullptr, or a table whose entries may be null): sequence s's window [(K-1) + T_s, C], its
+// old state's rows then its tokens' inputs, so that the state after any of its tokens can be
+// restored (a verify step's rollback: rows j .. j + K-2 are the state after j tokens).
+void conv_silu_seqs(const float* xc, const int32_t* starts, float* const* state, float* const* hist,
+                    const float* w, int64_t nseq, int64_t C, int64_t K, int64_t kd, float* q,
+                    float* k, float* v, cudaStream_t stream);
 // delta_rule_recurrent over nseq sequences (tokens starts[s] .. starts[s+1], state S[s]); each
-// value column's arithmetic is delta_rule_recurrent's.
+// value column's arithmetic is delta_rule_recurrent's. S_hist (nullptr, or a table whose
+// entries may be null): sequence s's states after each of its tokens, [T_s, Hv, Dk, Dv] (for a
+// verify step's rollback).
 void delta_rule_seqs(const float* q, const float* k, const float* v, const float* g,
-                     const float* beta, const int32_t* starts, float* const* S, int64_t nseq,
-                     int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* out,
-                     cudaStream_t stream);
+                     const float* beta, const int32_t* starts, float* const* S,
+                     float* const* S_hist, int64_t nseq, int64_t Hk, int64_t Hv, int64_t Dk,
+                     int64_t Dv, float* out, cudaStream_t stream);
 
-// out[t] = argmax of logits row t [V] (ties to the lower index). logits [n, V].
-void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t stream);
+// out[t] = argmax of logits row t [V] (ties to the lower index). logits [n, V]. With `prob`
+// [n]: also the argmax's softmax probability, 1 / sum_i exp(l_i - max) (the drafting gate).
+void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t stream,
+                 float* prob = nullptr);
 
 // Fills n weights with uniform values in [-scale, scale) + offset from a counter hash of (seed, i):
 // dummy weights generated on the device. `dtype` bf16 or f32.
@@ -193,6 +200,11 @@ void split_qkvz_gates(const float* PB, int64_t n, int64_t Hk, int64_t Dk, int64_
                       const float* dt_bias, const float* neg_exp_a, float* xc, float* z,
                       float* beta, float* g, cudaStream_t stream);
 
+// Rows between a contiguous block x / y [n, dim] and per-row device pointers (tables on the
+// device): store_rows writes row i to dst[i] (skipped where null), load_rows reads row i from
+// src[i].
+void store_rows(const float* x, int64_t n, int64_t dim, float* const* dst, cudaStream_t stream);
+void load_rows(const float* const* src, int64_t n, int64_t dim, float* y, cudaStream_t stream);
 // y[i] = x[idx[i]] for n rows of `dim` (idx on device).
 void gather_rows(const float* x, const int32_t* idx, int64_t n, int64_t dim, float* y,
                  cudaStream_t stream);

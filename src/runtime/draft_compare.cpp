@@ -1,0 +1,108 @@
+#include "runtime/draft_compare.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
+#include <fmt/format.h>
+
+namespace tf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One request's tokens and the time its last one arrived.
+struct Reply {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int32_t> ids;
+  Clock::time_point last;
+  bool done = false;
+};
+
+struct Run {
+  double tokens_per_s = 0;
+  std::vector<std::vector<int32_t>> replies;
+  EngineStats stats;
+};
+
+Run run_once(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
+             const std::vector<int32_t>& stops, const DraftCompareOptions& o, int draft_max) {
+  EngineOptions eo;
+  eo.scheduler.max_running = o.streams;
+  eo.scheduler.max_queue = static_cast<int>(prompts.size());
+  eo.threads = o.threads;
+  eo.state_cache_bytes = 0;
+  eo.draft_max = draft_max;
+  eo.draft_adaptive = o.adaptive;
+  eo.draft_p_min = o.p_min;
+  Run res;
+  std::vector<std::unique_ptr<Reply>> replies;
+  const auto t0 = Clock::now();
+  {
+    Engine engine(model, eo);
+    for (const auto& p : prompts) {
+      replies.push_back(std::make_unique<Reply>());
+      GenerationRequest r;
+      r.prompt = p;
+      r.max_tokens = o.max_tokens;
+      r.stop_tokens = stops;
+      Reply* rp = replies.back().get();
+      r.on_event = [rp](const TokenEvent& e) {
+        std::lock_guard<std::mutex> lock(rp->mu);
+        if (e.token >= 0) rp->ids.push_back(e.token), rp->last = Clock::now();
+        rp->done = rp->done || e.done;
+        rp->cv.notify_all();
+      };
+      if (!engine.submit(std::move(r)).is_ok()) return res;
+    }
+    for (auto& rp : replies) {
+      std::unique_lock<std::mutex> lock(rp->mu);
+      rp->cv.wait(lock, [&] { return rp->done; });
+    }
+    res.stats = engine.stats();
+  }
+  int64_t count = 0;
+  Clock::time_point end = t0;
+  for (auto& rp : replies) {
+    count += static_cast<int64_t>(rp->ids.size());
+    if (!rp->ids.empty()) end = std::max(end, rp->last);
+    res.replies.push_back(rp->ids);
+  }
+  const double s = std::chrono::duration<double>(end - t0).count();
+  res.tokens_per_s = s > 0 ? static_cast<double>(count) / s : 0;
+  return res;
+}
+
+}  // namespace
+
+DraftComparison compare_drafting(const Model& model,
+                                 const std::vector<std::vector<int32_t>>& prompts,
+                                 const std::vector<int32_t>& stops, const DraftCompareOptions& o) {
+  DraftComparison c;
+  Run plain, drafted;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    Run p = run_once(model, prompts, stops, o, 0);
+    Run d = run_once(model, prompts, stops, o, o.draft_max);
+    c.same_tokens = c.same_tokens && p.replies == d.replies;
+    if (p.tokens_per_s > plain.tokens_per_s) plain = std::move(p);
+    if (d.tokens_per_s > drafted.tokens_per_s) drafted = std::move(d);
+  }
+  c.plain_tokens_per_s = plain.tokens_per_s;
+  c.drafted_tokens_per_s = drafted.tokens_per_s;
+  c.stats = drafted.stats;
+  for (const auto& r : drafted.replies) c.reply_tokens += static_cast<int64_t>(r.size());
+  return c;
+}
+
+std::string describe(const std::string& kind, int streams, const DraftComparison& c) {
+  return fmt::format(
+      "{:<5} N={}: plain {:7.1f} tok/s, drafted {:7.1f} tok/s ({:.2f}x); {} drafts in {} verify "
+      "rows, {:.1f}% accepted, mean accepted length {:.2f}; {} reply tokens{}",
+      kind, streams, c.plain_tokens_per_s, c.drafted_tokens_per_s, c.speedup(),
+      c.stats.drafted_tokens, c.stats.draft_steps, 100 * c.acceptance(), c.mean_accepted_length(),
+      c.reply_tokens, c.same_tokens ? "" : " (TOKENS DIFFER)");
+}
+
+}  // namespace tf

@@ -1,0 +1,54 @@
+// Plain against drafted decoding through the Engine, on one set of prompts: the measurement behind
+// `tensorfold bench-engine --draft K` (prompts it renders with the chat template) and
+// `cuda_bench --draft K` (the same prompts as token ids, bench/draft_prompts.json, on the device,
+// where the tokenizer's ICU is not installed). Greedy; every prompt's reply ends at a stop token
+// or at max_tokens.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "runtime/engine.h"
+
+namespace tf {
+
+struct DraftCompareOptions {
+  int streams = 1;       // requests decoding at once (the rest wait in the queue)
+  int draft_max = 3;     // K
+  bool adaptive = true;  // DraftPolicy picks k per step (else always K)
+  float p_min = 0.0f;    // confidence gate
+  int max_tokens = 160;  // reply cap
+  int reps = 3;          // best of
+  int threads = 0;       // engine worker threads (0: all cores)
+};
+
+struct DraftComparison {
+  double plain_tokens_per_s = 0, drafted_tokens_per_s = 0;  // generated / wall time, best run
+  EngineStats stats;                                        // the best drafted run's counters
+  int64_t reply_tokens = 0;                                 // tokens of the drafted run's replies
+  bool same_tokens = true;  // drafted replies == plain replies, in every rep
+
+  double speedup() const {
+    return plain_tokens_per_s > 0 ? drafted_tokens_per_s / plain_tokens_per_s : 0;
+  }
+  double acceptance() const {
+    return stats.drafted_tokens ? double(stats.accepted_tokens) / double(stats.drafted_tokens) : 0;
+  }
+  double mean_accepted_length() const {
+    return stats.draft_steps ? double(stats.accepted_tokens) / double(stats.draft_steps) : 0;
+  }
+};
+
+// Runs `prompts` o.reps times plain and drafted (alternating), each run on a fresh engine with the
+// kept-state pool off. tokens/s = tokens generated / wall time from the first submit to the last
+// reply's last token (prefill included, the same work either way).
+DraftComparison compare_drafting(const Model& model,
+                                 const std::vector<std::vector<int32_t>>& prompts,
+                                 const std::vector<int32_t>& stops, const DraftCompareOptions& o);
+
+// One line of the report: "copy N=4: plain .. tok/s, drafted .. tok/s (..x); ..".
+std::string describe(const std::string& kind, int streams, const DraftComparison& c);
+
+}  // namespace tf
