@@ -15,6 +15,9 @@ namespace {
 cudaStream_t as_stream(void* s) {
   return static_cast<cudaStream_t>(s);
 }
+uint64_t addr(const void* p) {
+  return reinterpret_cast<uint64_t>(p);
+}
 }  // namespace
 
 // ---- DeviceArray
@@ -261,6 +264,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int devi
     m->mtp_->pre_fc_norm_hidden = upload(w.mtp->pre_fc_norm_hidden);
     m->mtp_->norm = upload(w.mtp->norm);
     TF_ASSIGN_OR_RETURN(m->mtp_->layer, layer(w.mtp->layer));
+    const std::vector<float> zeros(std::max(c.hidden_size, c.num_key_value_heads * c.head_dim));
+    m->mtp_dummy_ = upload(zeros);
   }
   m->finish_init();
   return m;
@@ -356,7 +361,7 @@ CudaModel::~CudaModel() {
 }
 
 void CudaModel::drop_graphs() {
-  for (auto& [n, g] : graphs_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
   graphs_.clear();
 }
 
@@ -388,13 +393,17 @@ std::unique_ptr<DeviceState> CudaSequenceState::clone() const {
     copy(b.conv, a.conv, a.conv.size());
     copy(b.S, a.S, a.S.size());
   }
-  if (has_mtp) {
+  if (has_mtp) {  // the head's n_past - 1 rows, and H[n_past - 1] as row 0 of region 0
     c->has_mtp = true;
-    c->mtp_rows = mtp_rows;
-    c->mtp_tokens = mtp_tokens;
-    copy_cache(c->mtp, mtp, mtp_rows);
     c->hidden_size = hidden_size;
-    copy(c->mtp_hidden, mtp_hidden, (n_past - mtp_rows) * hidden_size);
+    copy_cache(c->mtp, mtp, std::max<int64_t>(n_past - 1, 0));
+    if (last_hidden >= 0) {
+      c->hidden_cap = 1;
+      c->mtp_hidden = DeviceArray<float>(2 * hidden_size);
+      c->last_hidden = 0;
+      TF_CUDA_CHECK(cudaMemcpy(c->mtp_hidden.data(), mtp_hidden.data() + last_hidden * hidden_size,
+                               hidden_size * sizeof(float), cudaMemcpyDeviceToDevice));
+    }
   }
   // Device-to-device cudaMemcpy may return before the copy is done, and the model's stream does
   // not wait for the legacy stream (cudaStreamNonBlocking).
@@ -407,7 +416,7 @@ size_t CudaSequenceState::bytes() const {
   for (const Layer& l : layers)
     n +=
         l.k.size() + l.v.size() + l.conv.size() + l.S.size() + l.conv_hist.size() + l.S_hist.size();
-  return n * sizeof(float) + mtp_tokens.capacity() * sizeof(int32_t);
+  return n * sizeof(float);
 }
 
 void CudaSequenceState::rollback(int64_t n) {
@@ -426,9 +435,8 @@ void CudaSequenceState::rollback(int64_t n) {
         TF_CUDA_CHECK(cudaMemcpyAsync(l.conv.data(), l.conv_hist.data() + j * C, nc * sizeof(float),
                                       cudaMemcpyDeviceToDevice, s));
     }
-    // The step only appended pending rows of the head (H[p] rows beyond n - R are dropped
-    // with n_past): the rejected tokens' go.
-    if (has_mtp) mtp_tokens.resize(n - 1 - mtp_rows);
+    // The head's cache rows of the rejected tokens lie beyond n - 1 and are overwritten later.
+    if (has_mtp) last_hidden = step_rows + n - 1 - verify_base;
     n_past = n;
   }
   verify_base = -1;
@@ -505,6 +513,8 @@ float* CudaModel::scratch(int slot, size_t count) {
 }
 
 namespace {
+// Verify steps of up to this many tokens (16 drafts) replay CUDA graphs.
+constexpr size_t kMaxGraphVerify = 17;
 // Scratch slots (each a distinct device buffer, grown on demand).
 enum Slot : int {
   kX,
@@ -546,10 +556,13 @@ void matmul(const auto& W, const float* x, int64_t n, float* y, cudaStream_t s) 
 // [nseq + 1], pos int64 [N], then per attention layer k and v cache pointers [N] each, then per
 // Gated DeltaNet layer conv and S state pointers [nseq] each and the verify history pointers
 // conv_hist and S_hist [nseq] each (null outside verify steps), then per token the MTP head's
-// hidden-row destination hid [N] (null for states without the head). Offsets depend on (N,
-// nseq, R) only.
+// hidden-row destination hid [N] (null for states without the head), and the head's cache row of
+// each token: its position mtp_pos int64 [N] (the token's position - 1), cache pointers mtp_kc
+// and mtp_vc [N] and the source of its hidden input mtp_src [N] (all on mtp_dummy_ where the
+// token has no row). Offsets depend on (N, nseq, R) only.
 struct CudaModel::Table {
-  int64_t ids, rows, starts, pos, kc, vc, conv, S, conv_hist, S_hist, hid, words;
+  int64_t ids, rows, starts, pos, kc, vc, conv, S, conv_hist, S_hist, hid, mtp_pos, mtp_kc, mtp_vc,
+      mtp_src, words;
   int64_t N, nseq;
   const uint64_t* base;
   Table(int64_t N_, int64_t nseq_, int64_t R, int64_t n_attn, int64_t n_gdn, const uint64_t* b)
@@ -565,7 +578,11 @@ struct CudaModel::Table {
     conv_hist = S + n_gdn * nseq;
     S_hist = conv_hist + n_gdn * nseq;
     hid = S_hist + n_gdn * nseq;
-    words = hid + N;
+    mtp_pos = hid + N;
+    mtp_kc = mtp_pos + N;
+    mtp_vc = mtp_kc + N;
+    mtp_src = mtp_vc + N;
+    words = mtp_src + N;
   }
   template <class T>
   T* at(int64_t off) const {
@@ -573,7 +590,8 @@ struct CudaModel::Table {
   }
 };
 
-int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, int64_t* nseq_out) {
+int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, int64_t* nseq_out,
+                           bool* mtp_out) {
   const ModelConfig& c = config();
   const cudaStream_t s = as_stream(stream_);
   int64_t N = 0, R = 0;
@@ -585,7 +603,9 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
     R += T == 0 ? 0 : (i.all_logits || i.verify ? T : 1);
   }
   const int64_t nseq = static_cast<int64_t>(in.size());
-  *N_out = N, *nseq_out = nseq;
+  bool mtp = false;
+  for (const auto& i : in) mtp = mtp || i.state->has_mtp;
+  *N_out = N, *nseq_out = nseq, *mtp_out = mtp;
   if (N == 0) return 0;
   const size_t kv_row = c.num_key_value_heads * c.head_dim;
   const int64_t H = c.hidden_size, C = c.conv_dim(), K1 = c.linear_conv_kernel_dim - 1;
@@ -603,11 +623,21 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
         if (l.S_hist.size() < T * S_size) regrow(l.S_hist, T * S_size, 0, s);
       }
     }
-    if (st.has_mtp) {  // room for H[p] of the new tokens after the pending ones
-      const size_t rows = st.n_past + T - st.mtp_rows;
-      if (st.mtp_hidden.size() < rows * H)
-        regrow(st.mtp_hidden, std::max<size_t>(2 * rows, 128) * H, (st.n_past - st.mtp_rows) * H,
-               s);
+    if (st.has_mtp && T > 0) {
+      // The head's rows of the new tokens, and a region of mtp_hidden for their H (on growing,
+      // H[n_past - 1] moves to row 0).
+      grow_cache(st.mtp, st.n_past + T - 1, std::max<int64_t>(st.n_past - 1, 0), kv_row, s);
+      if (st.hidden_cap < T) {
+        const int64_t cap = std::max<int64_t>(2 * T, 64);
+        DeviceArray<float> h(2 * cap * H);
+        if (st.last_hidden >= 0)
+          TF_CUDA_CHECK(cudaMemcpyAsync(h.data(), st.mtp_hidden.data() + st.last_hidden * H,
+                                        H * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        TF_CUDA_CHECK(cudaStreamSynchronize(s));  // before the old buffer is freed
+        st.mtp_hidden = std::move(h);
+        st.hidden_cap = cap;
+        if (st.last_hidden >= 0) st.last_hidden = 0;
+      }
     }
   }
   Table tb(N, nseq, R, n_attn_, n_gdn_, nullptr);
@@ -627,9 +657,23 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
       ids[t + u] = i.tokens[u];
       pos[t + u] = i.state->n_past + u;
       if (u == T - 1 || i.all_logits || i.verify) rows[r++] = static_cast<int32_t>(t + u);
-      if (st.has_mtp)
-        host_table_[ht.hid + t + u] =
-            reinterpret_cast<uint64_t>(st.mtp_hidden.data() + (st.n_past - st.mtp_rows + u) * H);
+      // The head's row of this token: position p = n_past + u - 1, from (H[p], x[p + 1]).
+      const float* dummy = mtp_dummy_.data();
+      host_table_[ht.mtp_kc + t + u] = addr(dummy);
+      host_table_[ht.mtp_vc + t + u] = addr(dummy);
+      host_table_[ht.mtp_src + t + u] = addr(dummy);
+      if (st.has_mtp) {
+        const int64_t w = st.last_hidden >= st.hidden_cap ? 0 : st.hidden_cap;  // H's region
+        const float* hid = st.mtp_hidden.data();
+        host_table_[ht.hid + t + u] = addr(hid + (w + u) * H);
+        if (st.n_past + u > 0) {
+          ht.at<int64_t>(ht.mtp_pos)[t + u] = st.n_past + u - 1;
+          host_table_[ht.mtp_kc + t + u] = addr(st.mtp.k.data());
+          host_table_[ht.mtp_vc + t + u] = addr(st.mtp.v.data());
+          host_table_[ht.mtp_src + t + u] =
+              addr(u == 0 ? hid + st.last_hidden * H : hid + (w + u - 1) * H);
+        }
+      }
       for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
         if (!c.full_attention[li]) continue;
         host_table_[ht.kc + ordinal_[li] * N + t + u] =
@@ -652,10 +696,10 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
       }
     }
     if (i.verify && T > 0) st.verify_base = st.n_past, st.verify_T = T;
-    // x[0] follows no position; every later token is the next token of the position before.
-    if (st.has_mtp && T > 0)
-      st.mtp_tokens.insert(st.mtp_tokens.end(), i.tokens.begin() + (st.n_past == 0 ? 1 : 0),
-                           i.tokens.end());
+    if (st.has_mtp && T > 0) {
+      st.step_rows = st.last_hidden >= st.hidden_cap ? 0 : st.hidden_cap;
+      st.last_hidden = st.step_rows + T - 1;
+    }
     t += T;
   }
   starts[nseq] = static_cast<int32_t>(t);
@@ -666,7 +710,7 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
   return R;
 }
 
-void CudaModel::enqueue(int64_t N, int64_t nseq, int64_t R) {
+void CudaModel::enqueue(int64_t N, int64_t nseq, int64_t R, bool mtp) {
   const ModelConfig& c = config();
   const cudaStream_t s = as_stream(stream_);
   const int64_t H = c.hidden_size, V = c.vocab_size;
@@ -694,42 +738,63 @@ void CudaModel::enqueue(int64_t N, int64_t nseq, int64_t R) {
   }
   // Last residual add and the final norm (row-local, so on every row), then the logits rows.
   cuda::add_rmsnorm_zc(x, y, final_norm_.data(), N, H, eps, xn, s);
-  if (mtp_) cuda::store_rows(xn, N, H, tb.at<float* const>(tb.hid), s);  // H[p] for the head
   float* h = scratch(kRows, R * H);
   cuda::gather_rows(xn, tb.at<int32_t>(tb.rows), R, H, h, s);
   matmul(*lm_head_, h, R, scratch(kLogits, R * V), s);
+  if (!mtp) return;
+  // The MTP head's cache row of every token (§6; x and xn are free now): its H goes to the
+  // state, then each row's input pair (H[p], x[p + 1]) through fc to the layer's k and v.
+  cuda::store_rows(xn, N, H, tb.at<float* const>(tb.hid), s);
+  float* hid = scratch(kDraftH0, N * H);
+  cuda::load_rows(tb.at<const float* const>(tb.mtp_src), N, H, hid, s);
+  mtp_in(tb.at<int32_t>(tb.ids), hid, N, x, xn);
+  mtp_attention(tb.at<int64_t>(tb.mtp_pos), tb.at<float* const>(tb.mtp_kc),
+                tb.at<float* const>(tb.mtp_vc), N, xn, nullptr);
 }
 
-int64_t CudaModel::step(std::span<const CudaStepInput> in) {
+void CudaModel::run_graph(const std::vector<int64_t>& key, const std::function<void()>& enqueue) {
   const cudaStream_t s = as_stream(stream_);
-  bool decode = graphs_on_;
-  for (const auto& i : in) decode = decode && i.tokens.size() == 1 && !i.all_logits && !i.verify;
-  int64_t N = 0, nseq = 0;
-  const int64_t R = prepare(in, &N, &nseq);
-  if (N == 0) return 0;
-  if (!decode) {
-    enqueue(N, nseq, R);
-    return R;
+  if (!graphs_on_) {
+    enqueue();
+    return;
   }
   if (graphs_gen_ != generation_) drop_graphs(), graphs_gen_ = generation_;
-  for (auto& [n, g] : graphs_) {
-    if (n != N) continue;
-    TF_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), s));
-    return R;
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    TF_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(it->second), s));
+    return;
   }
-  // First decode step of N rows: run it, then capture the same launches for the next ones (the
+  // First use of this shape: run it, then capture the same launches for the next ones (the
   // buffers now have their sizes, so the capture allocates nothing).
-  enqueue(N, nseq, R);
+  enqueue();
   if (graphs_gen_ != generation_) drop_graphs(), graphs_gen_ = generation_;
   cudaGraph_t graph;
   TF_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  enqueue(N, nseq, R);
+  enqueue();
   TF_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  TF_CUDA_REQUIRE(graphs_gen_ == generation_, "a buffer grew while capturing a decode step");
+  TF_CUDA_REQUIRE(graphs_gen_ == generation_, "a buffer grew while capturing a graph");
   cudaGraphExec_t exec;
   TF_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   TF_CUDA_CHECK(cudaGraphDestroy(graph));
-  graphs_.emplace_back(N, exec);
+  graphs_.emplace(key, exec);
+}
+
+int64_t CudaModel::step(std::span<const CudaStepInput> in) {
+  // Decode rows and verify steps (the engine's steady state) replay a graph per shape; prompt
+  // pieces, whose shapes vary, launch their kernels.
+  bool graph = true;
+  for (const auto& i : in) {
+    const size_t T = i.tokens.size();
+    graph = graph && (i.verify ? T <= kMaxGraphVerify : T == 1 && !i.all_logits);
+  }
+  int64_t N = 0, nseq = 0;
+  bool mtp = false;
+  const int64_t R = prepare(in, &N, &nseq, &mtp);
+  if (N == 0) return 0;
+  auto run = [&] { enqueue(N, nseq, R, mtp); };
+  if (graph)
+    run_graph({0, N, nseq, R, mtp}, run);
+  else
+    run();
   return R;
 }
 
@@ -741,16 +806,7 @@ void CudaModel::forward(std::span<const CudaStepInput> inputs, std::vector<float
   logits->resize(first + R * V);
   TF_CUDA_CHECK(cudaMemcpyAsync(logits->data() + first, scratch_[kLogits].data(),
                                 R * V * sizeof(float), cudaMemcpyDeviceToHost, s));
-  sync_due(inputs);
   TF_CUDA_CHECK(cudaStreamSynchronize(s));
-}
-
-void CudaModel::sync_due(std::span<const CudaStepInput> in) {
-  std::vector<CudaSequenceState*> due;
-  for (const auto& i : in)
-    if (i.state->has_mtp && !i.verify && i.state->mtp_tokens.size() >= kMtpSyncRows)
-      due.push_back(i.state);
-  if (!due.empty()) mtp_sync(due);
 }
 
 void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
@@ -764,21 +820,10 @@ void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
   tokens->resize(first + R);
   TF_CUDA_CHECK(
       cudaMemcpyAsync(tokens->data() + first, d, R * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
-  sync_due(inputs);
   TF_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 // ---- the MTP head ---------------------------------------------------------------------------
-
-uint64_t* CudaModel::upload_mtp_table(const std::vector<uint64_t>& words) {
-  // Not grow_tracked: no captured graph reads this buffer.
-  if (mtp_table_.size() < words.size())
-    mtp_table_ = DeviceArray<uint64_t>(std::max(words.size(), 2 * mtp_table_.size()));
-  // From pageable memory: the copy has read `words` when this returns.
-  TF_CUDA_CHECK(cudaMemcpyAsync(mtp_table_.data(), words.data(), words.size() * sizeof(uint64_t),
-                                cudaMemcpyHostToDevice, as_stream(stream_)));
-  return mtp_table_.data();
-}
 
 void CudaModel::mtp_in(const int32_t* ids, const float* hid, int64_t M, float* x, float* xn) {
   const ModelConfig& c = config();
@@ -811,7 +856,7 @@ void CudaModel::mtp_attention(const int64_t* pos, float* const* kc, float* const
   float* gate = scratch(kGate, M * nh * D);
   cuda::attn_prep(qkv, M, nh, nkv, D, c.rotary_dim(), L.q_norm.data(), L.k_norm.data(),
                   static_cast<float>(c.rms_norm_eps), inv_freq_.data(), pos, q, gate, kc, vc, s);
-  if (y == nullptr) return;  // cache rows only (mtp_sync)
+  if (y == nullptr) return;  // cache rows only (a step's rows of the head)
   float* o = scratch(kO, M * nh * D);
   cuda::attention_table(q, M, pos, kc, vc, nh, nkv, D, 1.0f / std::sqrt(static_cast<float>(D)),
                         gate, o, s);
@@ -819,117 +864,28 @@ void CudaModel::mtp_attention(const int64_t* pos, float* const* kc, float* const
 }
 
 namespace {
-// Words of a table for the MTP calls: int32 ids [M], then int64 pos [P], then pointers.
-struct MtpTable {
-  std::vector<uint64_t> words;
-  int64_t M, P, ids = 0, pos, kc, vc, src;
-  MtpTable(int64_t M_, int64_t P_) : M(M_), P(P_) {
+// draft()'s table, in 8-byte words: int32 ids [M], int64 pos [steps, M], then cache pointers kc,
+// vc [M] and the hidden input's source src [M] (each row's H[n_past - 1]).
+struct DraftTable {
+  int64_t M, ids = 0, pos, kc, vc, src, words;
+  DraftTable(int64_t M_, int64_t steps) : M(M_) {
     pos = (M + 1) / 2;
-    kc = pos + P;
+    kc = pos + steps * M;
     vc = kc + M;
     src = vc + M;
-    words.assign(src + M, 0);
+    words = src + M;
   }
-  int32_t* id() { return reinterpret_cast<int32_t*>(words.data() + ids); }
-  int64_t* position() { return reinterpret_cast<int64_t*>(words.data() + pos); }
 };
-uint64_t addr(const float* p) {
-  return reinterpret_cast<uint64_t>(p);
-}
 }  // namespace
 
-void CudaModel::mtp_sync(std::span<CudaSequenceState* const> states) {
+void CudaModel::enqueue_draft(const std::vector<int64_t>& ks, bool want_logits, const uint64_t* d) {
   const ModelConfig& c = config();
   const cudaStream_t s = as_stream(stream_);
-  const int64_t H = c.hidden_size;
-  const size_t kv_row = c.num_key_value_heads * c.head_dim;
-  int64_t M = 0;
-  for (CudaSequenceState* st : states) {
-    TF_CUDA_REQUIRE(st->has_mtp && st->verify_base < 0,
-                    "mtp_sync(): needs an MTP state with its verify window closed");
-    const int64_t n = static_cast<int64_t>(st->mtp_tokens.size());
-    TF_CUDA_REQUIRE(st->mtp_rows + n + 1 == st->n_past || (st->n_past == 0 && n == 0),
-                    "mtp_sync(): the head's rows do not add up to n_past");
-    grow_cache(st->mtp, st->mtp_rows + n, st->mtp_rows, kv_row, s);
-    M += n;
-  }
-  if (M == 0) return;
-  // Pending row i of a state: position R + i, hidden H[R + i], token x[R + i + 1].
-  MtpTable tb(M, M);
-  int64_t r = 0;
-  for (CudaSequenceState* st : states) {
-    for (size_t i = 0; i < st->mtp_tokens.size(); ++i, ++r) {
-      tb.id()[r] = st->mtp_tokens[i];
-      tb.position()[r] = st->mtp_rows + static_cast<int64_t>(i);
-      tb.words[tb.kc + r] = addr(st->mtp.k.data());
-      tb.words[tb.vc + r] = addr(st->mtp.v.data());
-      tb.words[tb.src + r] = addr(st->mtp_hidden.data() + i * H);
-    }
-  }
-  uint64_t* d = upload_mtp_table(tb.words);
-  float* hid = scratch(kDraftH0, M * H);
-  cuda::load_rows(reinterpret_cast<const float* const*>(d + tb.src), M, H, hid, s);
-  float* x = scratch(kX, M * H);
-  float* xn = scratch(kXn, M * H);
-  mtp_in(reinterpret_cast<const int32_t*>(d + tb.ids), hid, M, x, xn);
-  mtp_attention(reinterpret_cast<const int64_t*>(d + tb.pos), reinterpret_cast<float**>(d + tb.kc),
-                reinterpret_cast<float**>(d + tb.vc), M, xn, nullptr);
-  for (CudaSequenceState* st : states) {  // keep H[n_past - 1] only, as row 0
-    const int64_t n = static_cast<int64_t>(st->mtp_tokens.size());
-    if (n > 0)
-      TF_CUDA_CHECK(cudaMemcpyAsync(st->mtp_hidden.data(), st->mtp_hidden.data() + n * H,
-                                    H * sizeof(float), cudaMemcpyDeviceToDevice, s));
-    st->mtp_rows += n;
-    st->mtp_tokens.clear();
-  }
-}
-
-void CudaModel::draft(std::span<const DraftInput> inputs, std::span<Draft> out) {
-  TF_CUDA_REQUIRE(inputs.size() == out.size() && has_mtp(), "draft(): inputs and outputs");
-  const ModelConfig& c = config();
-  const cudaStream_t s = as_stream(stream_);
-  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const int64_t H = c.hidden_size, V = c.vocab_size, M1 = static_cast<int64_t>(ks.size());
+  const int64_t steps = ks.front();
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const size_t kv_row = c.num_key_value_heads * c.head_dim;
-  auto dev = [](const DraftInput& d) {
-    return static_cast<CudaSequenceState*>(d.state->device.get());
-  };
-  std::vector<CudaSequenceState*> states;
-  for (const DraftInput& d : inputs) states.push_back(dev(d));
-  mtp_sync(states);
-  // Rows in order of max_tokens, largest first, so that the rows still drafting at step s are a
-  // prefix of those at step s - 1 (their ids and hidden states are that step's first rows).
-  std::vector<size_t> order;
-  int steps = 0;
-  bool want_logits = false;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const DraftInput& d = inputs[i];
-    const CudaSequenceState& st = *states[i];
-    TF_CUDA_REQUIRE(st.has_mtp && st.n_past >= 1 && st.verify_base < 0,
-                    "draft(): needs an MTP state after a step with its window closed");
-    out[i] = Draft{};
-    if (d.max_tokens <= 0) continue;
-    order.push_back(i);
-    steps = std::max(steps, d.max_tokens);
-    want_logits = want_logits || d.want_logits;
-  }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return inputs[a].max_tokens > inputs[b].max_tokens; });
-  const int64_t M1 = static_cast<int64_t>(order.size());
-  if (M1 == 0) return;
-  MtpTable tb(M1, steps * M1);
-  for (int64_t r = 0; r < M1; ++r) {
-    const DraftInput& d = inputs[order[r]];
-    CudaSequenceState& st = *states[order[r]];
-    // Step s writes the head's scratch row at position n_past - 1 + s.
-    grow_cache(st.mtp, st.n_past - 1 + d.max_tokens, st.mtp_rows, kv_row, s);
-    tb.id()[r] = d.next_token;
-    for (int step = 0; step < steps; ++step) tb.position()[step * M1 + r] = st.n_past - 1 + step;
-    tb.words[tb.kc + r] = addr(st.mtp.k.data());
-    tb.words[tb.vc + r] = addr(st.mtp.v.data());
-    tb.words[tb.src + r] = addr(st.mtp_hidden.data());  // H[n_past - 1]
-  }
-  uint64_t* d = upload_mtp_table(tb.words);
+  const DraftTable tb(M1, steps);
+  auto at = [&](int64_t off) { return const_cast<uint64_t*>(d) + off; };
   int32_t* tok = grow_tracked(draft_tok_, steps * M1);
   float* prob = scratch(kDraftProb, steps * M1);
   float* logits = scratch(kDraftLogits, (want_logits ? steps : 1) * M1 * V);
@@ -937,20 +893,19 @@ void CudaModel::draft(std::span<const DraftInput> inputs, std::span<Draft> out) 
   float* xn = scratch(kXn, M1 * H);
   float* y = scratch(kY, M1 * H);
   float* hbuf[2] = {scratch(kDraftH0, M1 * H), scratch(kDraftH1, M1 * H)};
-  cuda::load_rows(reinterpret_cast<const float* const*>(d + tb.src), M1, H, hbuf[0], s);
+  cuda::load_rows(reinterpret_cast<const float* const*>(at(tb.src)), M1, H, hbuf[0], s);
   const DevLayer& L = mtp_->layer;
-  for (int step = 0; step < steps; ++step) {
-    int64_t M = 0;
-    while (M < M1 && inputs[order[M]].max_tokens > step) ++M;
+  for (int64_t step = 0; step < steps; ++step) {
+    int64_t M = 0;  // rows still drafting: a prefix, ks descending
+    while (M < M1 && ks[M] > step) ++M;
     const int32_t* ids =
-        step == 0 ? reinterpret_cast<const int32_t*>(d + tb.ids) : tok + (step - 1) * M1;
-    float* hin = hbuf[step % 2];
+        step == 0 ? reinterpret_cast<const int32_t*>(at(tb.ids)) : tok + (step - 1) * M1;
     float* hout = hbuf[(step + 1) % 2];
     // One decoder layer of the head (§6.1): fc, gated attention over its own cache, MoE, norm.
-    mtp_in(ids, hin, M, x, xn);
-    mtp_attention(reinterpret_cast<const int64_t*>(d + tb.pos) + step * M1,
-                  reinterpret_cast<float**>(d + tb.kc), reinterpret_cast<float**>(d + tb.vc), M, xn,
-                  y);
+    mtp_in(ids, hbuf[step % 2], M, x, xn);
+    mtp_attention(reinterpret_cast<const int64_t*>(at(tb.pos)) + step * M1,
+                  reinterpret_cast<float* const*>(at(tb.kc)),
+                  reinterpret_cast<float* const*>(at(tb.vc)), M, xn, y);
     cuda::add_rmsnorm_zc(x, y, L.post_norm.data(), M, H, eps, xn, s);
     if (L.moe)
       moe(L, xn, M, y);
@@ -961,15 +916,67 @@ void CudaModel::draft(std::span<const DraftInput> inputs, std::span<Draft> out) 
     matmul(*lm_head_, hout, M, lg, s);
     cuda::argmax_rows(lg, M, V, tok + step * M1, s, prob + step * M1);
   }
+}
+
+void CudaModel::draft(std::span<const DraftInput> inputs, std::span<Draft> out) {
+  TF_CUDA_REQUIRE(inputs.size() == out.size() && has_mtp(), "draft(): inputs and outputs");
+  const ModelConfig& c = config();
+  const cudaStream_t s = as_stream(stream_);
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const size_t kv_row = c.num_key_value_heads * c.head_dim;
+  // Rows in order of max_tokens, largest first, so that the rows still drafting at step s are a
+  // prefix of those at step s - 1 (their ids and hidden states are that step's first rows).
+  std::vector<size_t> order;
+  bool want_logits = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const DraftInput& d = inputs[i];
+    const auto* st = static_cast<const CudaSequenceState*>(d.state->device.get());
+    TF_CUDA_REQUIRE(st->has_mtp && st->n_past >= 1 && st->verify_base < 0,
+                    "draft(): needs an MTP state after a step with its window closed");
+    out[i] = Draft{};
+    if (d.max_tokens <= 0) continue;
+    order.push_back(i);
+    want_logits = want_logits || d.want_logits;
+  }
+  if (order.empty()) return;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return inputs[a].max_tokens > inputs[b].max_tokens; });
+  const int64_t M1 = static_cast<int64_t>(order.size());
+  std::vector<int64_t> ks;
+  for (size_t i : order) ks.push_back(inputs[i].max_tokens);
+  const int64_t steps = ks.front();
+  const DraftTable tb(M1, steps);
+  host_draft_table_.assign(tb.words, 0);
+  uint64_t* w = host_draft_table_.data();
+  for (int64_t r = 0; r < M1; ++r) {
+    const DraftInput& d = inputs[order[r]];
+    auto& st = *static_cast<CudaSequenceState*>(d.state->device.get());
+    // Step s writes the head's scratch row at position n_past - 1 + s (beyond its n_past - 1
+    // rows: dropped, and overwritten by later steps).
+    grow_cache(st.mtp, st.n_past - 1 + d.max_tokens, st.n_past - 1, kv_row, s);
+    reinterpret_cast<int32_t*>(w + tb.ids)[r] = d.next_token;
+    for (int64_t step = 0; step < steps; ++step)
+      reinterpret_cast<int64_t*>(w + tb.pos)[step * M1 + r] = st.n_past - 1 + step;
+    w[tb.kc + r] = addr(st.mtp.k.data());
+    w[tb.vc + r] = addr(st.mtp.v.data());
+    w[tb.src + r] = addr(st.mtp_hidden.data() + st.last_hidden * H);
+  }
+  uint64_t* d = grow_tracked(draft_table_, tb.words);
+  // From pageable memory: the copy has read the host table when this returns.
+  TF_CUDA_CHECK(cudaMemcpyAsync(d, w, tb.words * sizeof(uint64_t), cudaMemcpyHostToDevice, s));
+  std::vector<int64_t> key = {1, want_logits};
+  key.insert(key.end(), ks.begin(), ks.end());
+  run_graph(key, [&] { enqueue_draft(ks, want_logits, d); });
+
   std::vector<int32_t> htok(steps * M1);
   std::vector<float> hprob(steps * M1), hlog(want_logits ? steps * M1 * V : 0);
-  TF_CUDA_CHECK(
-      cudaMemcpyAsync(htok.data(), tok, htok.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
-  TF_CUDA_CHECK(
-      cudaMemcpyAsync(hprob.data(), prob, hprob.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+  TF_CUDA_CHECK(cudaMemcpyAsync(htok.data(), draft_tok_.data(), htok.size() * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, s));
+  TF_CUDA_CHECK(cudaMemcpyAsync(hprob.data(), scratch_[kDraftProb].data(),
+                                hprob.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
   if (want_logits)
-    TF_CUDA_CHECK(cudaMemcpyAsync(hlog.data(), logits, hlog.size() * sizeof(float),
-                                  cudaMemcpyDeviceToHost, s));
+    TF_CUDA_CHECK(cudaMemcpyAsync(hlog.data(), scratch_[kDraftLogits].data(),
+                                  hlog.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
   TF_CUDA_CHECK(cudaStreamSynchronize(s));
   // The gate: a row's drafts end before its first one below p_min (the later ones are dropped).
   for (int64_t r = 0; r < M1; ++r) {

@@ -14,6 +14,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -67,15 +69,20 @@ struct CudaSequenceState final : DeviceState {
   };
   std::vector<Layer> layers;
 
-  // The MTP head's state when `has_mtp`, as SequenceState's (model.h) with R = mtp_rows: cache
-  // rows [0, R) are the head's, mtp_hidden holds H[R .. n_past - 1] (its first rows), and the
-  // tokens x[R + 1 .. n_past - 1] wait on the host; CudaModel::mtp_sync computes the pending
-  // rows. mtp.k / mtp.v / mtp.capacity as an attention layer's.
+  // The MTP head's state when `has_mtp`. Unlike the CPU's (which defers them), the head's cache
+  // rows are computed by the step that feeds their token: row p (from H[p] and x[p + 1]) by the
+  // step that feeds x[p + 1], inside its kernels, so mtp.k / mtp.v always hold n_past - 1 rows
+  // and draft() needs no catching up first (nor does mtp_sync, a no-op here). H[n_past - 1], the
+  // input of the next row and of draft(), is row last_hidden of mtp_hidden: two regions of
+  // hidden_cap rows, a step writing its tokens' H into the region that does not hold last_hidden
+  // (so a verify step's rollback finds H[n - 1] in the region it wrote, at step_rows + n - 1 -
+  // verify_base).
   bool has_mtp = false;
   Layer mtp;
-  int64_t mtp_rows = 0;
-  DeviceArray<float> mtp_hidden;  // [capacity rows, H]; n_past - mtp_rows rows in use
-  std::vector<int32_t> mtp_tokens;
+  DeviceArray<float> mtp_hidden;  // [2 hidden_cap, H]
+  int64_t hidden_cap = 0;
+  int64_t last_hidden = -1;  // -1: n_past == 0
+  int64_t step_rows = 0;     // first row of the region the last step wrote
 
   // The verify window opened by the last step (verify_base < 0: none), as SequenceState::verify.
   int64_t verify_base = -1, verify_T = 0;
@@ -128,13 +135,13 @@ class CudaModel {
   // As forward, but the logits stay on the device: appends each logits row's argmax (ties to the
   // lower index) to `tokens`. Greedy decoding without moving [vocab] rows to the host.
   void forward_greedy(std::span<const CudaStepInput> inputs, std::vector<int32_t>* tokens);
-  // Model::draft and Model::mtp_sync on the device (has_mtp(); the states are device states,
-  // SequenceState::device). draft runs every step of every input on the device with one host
-  // synchronisation at the end; the confidence gate (p_min) is applied to the results, which
+  // Model::draft on the device (has_mtp(); the states are device states, SequenceState::device):
+  // every step of every input runs on the device (a CUDA graph per shape of the call) with one
+  // host synchronisation at the end; the confidence gate (p_min) is applied to the results, which
   // gives what stopping at the first low-confidence draft gives.
   void draft(std::span<const DraftInput> inputs, std::span<Draft> out);
-  void mtp_sync(std::span<CudaSequenceState* const> states);
-  // Decode steps through CUDA graphs (default on); off: every step launches its kernels.
+  // Decode and verify steps, and drafts, through CUDA graphs (default on); off: every step
+  // launches its kernels.
   void set_graphs(bool on) { graphs_on_ = on; }
   const ModelConfig& config() const { return config_; }
   const CudaWeightBytes& weight_bytes() const { return bytes_; }
@@ -149,11 +156,13 @@ class CudaModel {
   static Status init_device(CudaModel* m, int device);
   void finish_init();
   // Host side of a step: grows caches, builds and uploads the tables; returns rows wanting logits.
-  int64_t prepare(std::span<const CudaStepInput> in, int64_t* N, int64_t* nseq);
-  // Device side: every kernel from the embedding to the logits rows (scratch kLogits), on the
-  // stream; depends on the host only through (N, nseq, R), so it can be captured.
-  void enqueue(int64_t N, int64_t nseq, int64_t R);
-  // prepare + enqueue (or a graph replay for decode steps); returns R.
+  // *mtp: some state keeps the MTP head's rows.
+  int64_t prepare(std::span<const CudaStepInput> in, int64_t* N, int64_t* nseq, bool* mtp);
+  // Device side: every kernel from the embedding to the logits rows (scratch kLogits), then with
+  // `mtp` the MTP head's cache rows of the step's tokens, on the stream; depends on the host only
+  // through (N, nseq, R, mtp), so it can be captured.
+  void enqueue(int64_t N, int64_t nseq, int64_t R, bool mtp);
+  // prepare + enqueue (or a graph replay for decode and verify steps); returns R.
   int64_t step(std::span<const CudaStepInput> in);
   void attention_layer(const DevLayer& L, const Table& tb, int64_t N, const float* xn, float* y);
   void deltanet_layer(const DevLayer& L, const Table& tb, int64_t N, int64_t nseq, const float* xn,
@@ -166,10 +175,11 @@ class CudaModel {
   // Gated attention of the head's layer for M rows at positions pos, caches kc / vc (tables).
   void mtp_attention(const int64_t* pos, float* const* kc, float* const* vc, int64_t M,
                      const float* xn, float* y);
-  // Uploads host words into mtp_table_ (the MTP calls' tables); returns its device address.
-  uint64_t* upload_mtp_table(const std::vector<uint64_t>& words);
-  // Runs forward's MTP bookkeeping after a step: syncs states with kMtpSyncRows rows due.
-  void sync_due(std::span<const CudaStepInput> in);
+  // The drafting steps of draft() for rows of max_tokens ks (descending), from the table at d.
+  void enqueue_draft(const std::vector<int64_t>& ks, bool want_logits, const uint64_t* d);
+  // Runs `enqueue` as the CUDA graph of `key` (captured on its first use, after one eager run
+  // that sizes the buffers), or eagerly with graphs off.
+  void run_graph(const std::vector<int64_t>& key, const std::function<void()>& enqueue);
   float* scratch(int slot, size_t count);
   template <class T>
   T* grow_tracked(DeviceArray<T>& a, size_t n);
@@ -189,12 +199,15 @@ class CudaModel {
   DeviceArray<uint64_t> table_;              // the step's tables (8-byte words)
   std::vector<uint64_t> host_table_;
   DeviceArray<int32_t> route_ex_, route_sorted_, route_tiles_, argmax_, draft_tok_;
-  DeviceArray<uint64_t> mtp_table_;
+  DeviceArray<uint64_t> draft_table_;  // draft()'s table
+  std::vector<uint64_t> host_draft_table_;
+  DeviceArray<float> mtp_dummy_;  // [max(H, n_kv D)] zeros: the head's row of no position
   // Buffers are only ever replaced, never resized in place; each replacement bumps generation_
   // and drops the graphs (they hold the old addresses).
   uint64_t generation_ = 0, graphs_gen_ = 0;
   bool graphs_on_ = true;
-  std::vector<std::pair<int64_t, void*>> graphs_;  // (N, cudaGraphExec_t) of decode steps
+  // cudaGraphExec_t by key: steps {0, N, nseq, R, mtp}, drafts {1, want_logits, ks...}.
+  std::map<std::vector<int64_t>, void*> graphs_;
 };
 
 }  // namespace tf

@@ -330,10 +330,10 @@ void Model::mtp_collect(std::span<const StepInput> inputs, std::span<const int64
 
 void Model::mtp_sync(std::span<SequenceState* const> states, ThreadPool* pool) const {
 #ifdef TF_HAVE_CUDA
-  if (cuda_) {
-    std::vector<CudaSequenceState*> dev;
-    for (SequenceState* st : states) dev.push_back(device_state(st));
-    cuda_->mtp_sync(dev);
+  if (cuda_) {  // the device computes the head's rows in every step (CudaSequenceState)
+    for (SequenceState* st : states)
+      TF_CHECK(device_state(st)->has_mtp && st->verify.base < 0,
+               "mtp_sync(): needs an MTP state, window closed");
     return;
   }
 #endif

@@ -1,6 +1,7 @@
 // MTP drafting on the device (Model::use_cuda) on models/tiny-next, whose MTP head is trained:
-// verify steps, rollback, draft() and mtp_sync() on CudaSequenceState, and the engine drafting
-// there. Every equality is bitwise unless it says otherwise. Skips without a CUDA device.
+// verify steps, rollback and draft() on CudaSequenceState (whose MTP head rows every step
+// computes), and the engine drafting there. Every equality is bitwise unless it says otherwise.
+// Skips without a CUDA device.
 //   - RollbackEqualsPlainState: after a verify step of k+1 tokens, rollback(base + j) leaves
 //     every device buffer (attention caches, conv and recurrent states, the head's cache and
 //     hidden row) as feeding the first j tokens one at a time, for every j; decoding goes on
@@ -93,10 +94,9 @@ class DraftOnDevice : public ::testing::Test {
     }
     return rows;
   }
-  // Every valid float of a device state, after mtp_sync (which changes no result).
+  // Every valid float of a device state: the caches' rows, the conv and recurrent states, the
+  // MTP head's n_past - 1 cache rows and H[n_past - 1].
   std::vector<float> contents(SequenceState& s) const {
-    SequenceState* p = &s;
-    gpu_->mtp_sync({&p, 1}, nullptr);
     const auto& d = *static_cast<const CudaSequenceState*>(s.device.get());
     const ModelConfig& c = gpu_->config();
     const size_t row = c.num_key_value_heads * c.head_dim;
@@ -107,10 +107,10 @@ class DraftOnDevice : public ::testing::Test {
       add(host(l.conv, l.conv.size()));
       add(host(l.S, l.S.size()));
     }
-    EXPECT_EQ(d.mtp_rows, d.n_past - 1);
-    add(host(d.mtp.k, d.mtp_rows * row));
-    add(host(d.mtp.v, d.mtp_rows * row));
-    add(host(d.mtp_hidden, c.hidden_size));
+    add(host(d.mtp.k, (d.n_past - 1) * row));
+    add(host(d.mtp.v, (d.n_past - 1) * row));
+    const auto hid = host(d.mtp_hidden, (d.last_hidden + 1) * c.hidden_size);
+    all.insert(all.end(), hid.end() - c.hidden_size, hid.end());  // H[n_past - 1]
     return all;
   }
   ::testing::AssertionResult same_state(SequenceState& a, SequenceState& b) const {

@@ -17,7 +17,7 @@ export LD_LIBRARY_PATH="$dir/lib:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$log"
 
 stamp "tests: every CUDA test"
-TF_REPO=$PWD "$dir/cuda_tests" >"$out/cuda_tests.log" 2>&1
+TF_REPO=$PWD timeout 330 "$dir/cuda_tests" >"$out/cuda_tests.log" 2>&1
 stamp "cuda_tests exit $?: $(grep -E '^\[  (PASSED|FAILED)' "$out/cuda_tests.log" | tr '\n' ' ')"
 if [ -x "$dir/mut/cuda_tests" ]; then
   TF_REPO=$PWD "$dir/mut/cuda_tests" --gtest_filter='DraftOnDevice.RollbackEqualsPlainState' \
