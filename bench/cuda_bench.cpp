@@ -9,7 +9,8 @@
 // each decode sequence)  --prefill 512 (the prefill measurement's tokens)  --no-graphs  --kernels
 // (first, a table of the decode kernels one by one at the model's shapes)  --engine (with --model:
 // then the same decode through the runtime Engine, as the server runs it, Model::use_cuda)
-// --draft K (with --model: MTP drafting against plain decoding through the engine on the prompts
+// --draft K (the costs of drafting 1..4 tokens at batch 1, dummy weights with an MTP head
+// included; with --model also drafting against plain decoding through the engine on the prompts
 // of --draft-prompts, default bench/draft_prompts.json, at --draft-streams 1,4; --draft-fixed).
 // Bytes per decode step: every non-expert weight of the layers once, the lm_head once, one
 // embedding row per row, and per MoE layer the distinct routed experts of the step (k at batch 1;
@@ -25,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "backends/cuda/ops.h"
@@ -322,6 +325,68 @@ double engine_decode(const Model& model, int B, int prompt, int steps, std::mt19
   return best;
 }
 
+// The costs of drafting at batch 1 on the CudaModel (any model with an MTP head, dummy weights
+// included): a plain decode step, a verify step of k + 1 tokens that keeps one (rollback
+// included) and draft(k), each with its [vocab] logits rows to the host as the engine has them,
+// the mean of `iters` after a warm-up; then the speedup those costs give at draft acceptance a
+// (each draft accepted with probability a while the previous ones were: E[tokens per step] =
+// (1 - a^(k+1)) / (1 - a)) and the acceptance where drafting breaks even.
+void draft_cost_table(CudaModel& m, int prompt, int iters, std::mt19937& rng) {
+  const ModelConfig& c = m.config();
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size) - 1);
+  SequenceState st;
+  st.device = DeviceStateBox(std::make_unique<CudaSequenceState>(m.new_state(true)));
+  auto* cs = static_cast<CudaSequenceState*>(st.device.get());
+  m.reserve(cs, prompt + 6 * (iters + 4));
+  std::vector<int32_t> ids(prompt);
+  for (auto& t : ids) t = tok(rng);
+  std::vector<float> logits;
+  const CudaStepInput pre{cs, ids};
+  m.forward({&pre, 1}, &logits);
+  auto time = [&](const std::function<void()>& f) {
+    for (int i = 0; i < 3; ++i) f();  // warm-up (graph capture)
+    const double t0 = now_s();
+    for (int i = 0; i < iters; ++i) f();
+    return (now_s() - t0) / iters;
+  };
+  const double plain = time([&] {
+    const int32_t t = tok(rng);
+    const CudaStepInput in{cs, {&t, 1}};
+    logits.clear();
+    m.forward({&in, 1}, &logits);
+  });
+  std::printf(
+      "\n| drafting costs, batch 1 (ms) | k | draft(k) | verify k+1, keep 1 | (draft + verify) "
+      "/ plain | speedup at a = 0.5 / 0.8 / 0.9 | break-even a |\n"
+      "|---|---|---|---|---|---|---|\n| plain decode step %.3f ms | 0 | | | 1.00 | 1.00 | |\n",
+      plain * 1e3);
+  for (int k = 1; k <= 4; ++k) {
+    std::vector<int32_t> feed(k + 1);
+    const double verify = time([&] {
+      for (auto& t : feed) t = tok(rng);
+      const CudaStepInput in{cs, feed, false, true};
+      logits.clear();
+      m.forward({&in, 1}, &logits);
+      cs->rollback(cs->n_past - k);
+    });
+    Draft d;
+    const double draft = time([&] {
+      const DraftInput in{&st, tok(rng), k};
+      m.draft({&in, 1}, {&d, 1});
+    });
+    const double ratio = (draft + verify) / plain;
+    auto speedup = [&](double a) { return (1 - std::pow(a, k + 1)) / (1 - a) / ratio; };
+    double lo = 0, hi = 1;  // E[tokens](a) = ratio, by bisection (E grows with a)
+    for (int i = 0; i < 40; ++i) {
+      const double mid = (lo + hi) / 2;
+      ((1 - std::pow(mid, k + 1)) / (1 - mid) < ratio ? lo : hi) = mid;
+    }
+    std::printf("| | %d | %.3f | %.3f | %.2f | %.2f / %.2f / %.2f | %s |\n", k, draft * 1e3,
+                verify * 1e3, ratio, speedup(0.5), speedup(0.8), speedup(0.9),
+                ratio >= k + 1 ? "never" : fmt::format("{:.2f}", lo).c_str());
+  }
+}
+
 // MTP drafting against plain decoding through the engine on the device (as bench-engine --draft
 // on the CPU), on the chat prompts of bench/draft_prompts.json (token ids written by `tensorfold
 // bench-engine --draft 3 --draft-only --draft-prompts-out FILE`). 1 if the tokens differ.
@@ -457,7 +522,7 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "cuda_bench: %s\n", c.status().to_string().c_str());
       return 1;
     }
-    auto g = CudaModel::create_dummy(*c, 1);
+    auto g = CudaModel::create_dummy(*c, 1, 0, /*mtp=*/draft > 0);
     if (!g.is_ok()) {
       std::fprintf(stderr, "cuda_bench: %s\n", g.status().to_string().c_str());
       return 1;
@@ -548,6 +613,7 @@ int run(int argc, char** argv) {
                 graphs ? "" : " (no graphs)", B, B / dt, dt * 1e3, bytes / 1e9, gbs,
                 100.0 * gbs / bw);
   }
+  if (draft > 0 && m->has_mtp()) draft_cost_table(*m, prompt, 100, rng);
   if (engine && host) {
     if (Status st = host->use_cuda(); !st.is_ok()) {
       std::fprintf(stderr, "cuda_bench: %s\n", st.to_string().c_str());

@@ -272,7 +272,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int devi
 }
 
 Result<std::unique_ptr<CudaModel>> CudaModel::create_dummy(const ModelConfig& c, uint64_t seed,
-                                                           int device) {
+                                                           int device, bool mtp) {
   auto m = std::unique_ptr<CudaModel>(new CudaModel(c));
   if (Status st = init_device(m.get(), device); !st.is_ok()) return st;
   const cudaStream_t s = as_stream(m->stream_);
@@ -280,16 +280,18 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create_dummy(const ModelConfig& c,
   const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim, r = Hv / Hk;
   // The bytes needed, checked against the free memory first (a Status, not an abort).
-  int64_t need = 2 * c.vocab_size * H * 2;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    need +=
-        c.full_attention[i]
-            ? 2 * H *
-                  (c.num_attention_heads * c.head_dim * 3 + 2 * c.num_key_value_heads * c.head_dim)
-            : 2 * H * (Hk * (2 * Dk + 2 * r * Dv) + Hk * 2 * r + Hv * Dv);
-    need += c.is_moe_layer(i) ? 2 * H * (E + 3 * E * I + 3 * c.shared_expert_intermediate_size)
-                              : 2 * H * 3 * c.intermediate_size;
-  }
+  // With an MTP head: fc and one attention + MoE layer.
+  auto layer_bytes = [&](bool attention, bool moe) {
+    return (attention ? 2 * H *
+                            (c.num_attention_heads * c.head_dim * 3 +
+                             2 * c.num_key_value_heads * c.head_dim)
+                      : 2 * H * (Hk * (2 * Dk + 2 * r * Dv) + Hk * 2 * r + Hv * Dv)) +
+           (moe ? 2 * H * (E + 3 * E * I + 3 * c.shared_expert_intermediate_size)
+                : 2 * H * 3 * c.intermediate_size);
+  };
+  int64_t need = 2 * c.vocab_size * H * 2 + (mtp ? 2 * H * 2 * H + layer_bytes(true, true) : 0);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    need += layer_bytes(c.full_attention[i], c.is_moe_layer(i));
   size_t free_b = 0, total_b = 0;
   TF_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (static_cast<size_t>(need) + (size_t{2} << 30) > free_b)
@@ -319,10 +321,10 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create_dummy(const ModelConfig& c,
                      s);
   m->lm_head_ = std::make_unique<DevMat>(mat(c.vocab_size, H));
   m->final_norm_ = vec(H, 0.1f, 0.0f);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+  auto layer = [&](bool attention, bool moe) {
     DevLayer d;
-    d.full_attention = c.full_attention[i];
-    d.moe = c.is_moe_layer(i);
+    d.full_attention = attention;
+    d.moe = moe;
     d.input_norm = vec(H, 0.1f, 0.0f);  // zero-centred: scale 1 +- 0.1
     d.post_norm = vec(H, 0.1f, 0.0f);
     if (d.full_attention) {
@@ -349,7 +351,18 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create_dummy(const ModelConfig& c,
     } else {
       d.mlp = ffn(c.intermediate_size);
     }
-    m->layers_.push_back(std::move(d));
+    return d;
+  };
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    m->layers_.push_back(layer(c.full_attention[i], c.is_moe_layer(i)));
+  if (mtp) {
+    m->mtp_ = std::make_unique<DevMtp>();
+    m->mtp_->fc = mat(H, 2 * H);
+    m->mtp_->pre_fc_norm_embedding = vec(H, 0.1f, 0.0f);
+    m->mtp_->pre_fc_norm_hidden = vec(H, 0.1f, 0.0f);
+    m->mtp_->norm = vec(H, 0.1f, 0.0f);
+    m->mtp_->layer = layer(true, true);
+    m->mtp_dummy_ = vec(std::max(H, c.num_key_value_heads * c.head_dim), 0.0f, 0.0f);
   }
   m->finish_init();
   return m;
@@ -515,6 +528,9 @@ float* CudaModel::scratch(int slot, size_t count) {
 namespace {
 // Verify steps of up to this many tokens (16 drafts) replay CUDA graphs.
 constexpr size_t kMaxGraphVerify = 17;
+// MoE steps of up to this many tokens read each slot's expert (expert_gate_up / expert_down);
+// larger ones group the slots by expert (grouped_experts), reading each expert once per 8 slots.
+constexpr int64_t kSlotTokens = 8;
 // Scratch slots (each a distinct device buffer, grown on demand).
 enum Slot : int {
   kX,
@@ -1071,16 +1087,17 @@ void CudaModel::moe(const DevLayer& L, const float* xn, int64_t N, float* y) {
   int32_t* ex = grow_tracked(route_ex_, N * k);
   float* w = scratch(kRouteW, N * k);
   cuda::route_topk(logits, N, E, k, c.norm_topk_prob, ex, w, s);
-  if (N == 1 && S.I == X.I && S.gate.dtype == X.gate.dtype) {
-    // One token (decode): its k experts are distinct, and the shared expert rides along as slot
-    // k of the same two launches.
-    float* h = scratch(kFfnH, (k + 1) * X.I);
-    float* o = scratch(kExpertOut, (k + 1) * H);
-    cuda::expert_gate_up(X.gate.dtype, X.gate.bytes.data(), X.up.bytes.data(), X.I, H, ex, k, xn, 1,
+  if (N <= kSlotTokens && S.I == X.I && S.gate.dtype == X.gate.dtype) {
+    // A few tokens (decode rows, verify steps): each slot reads its expert (a token's k experts
+    // are distinct; tokens rarely share one), with no grouping pass, and the shared expert rides
+    // along as slot k of the same two launches. The same bits as the grouped path.
+    float* h = scratch(kFfnH, N * (k + 1) * X.I);
+    float* o = scratch(kExpertOut, N * (k + 1) * H);
+    cuda::expert_gate_up(X.gate.dtype, X.gate.bytes.data(), X.up.bytes.data(), X.I, H, ex, k, xn, N,
                          h, s, S.gate.bytes.data(), S.up.bytes.data());
-    cuda::expert_down(X.down.dtype, X.down.bytes.data(), H, X.I, ex, k, h, 1, o, s,
+    cuda::expert_down(X.down.dtype, X.down.bytes.data(), H, X.I, ex, k, h, N, o, s,
                       S.down.bytes.data());
-    cuda::moe_combine(o, ex, w, 1, k, H, nullptr, gl, y, s, /*shared_in_o=*/true);
+    cuda::moe_combine(o, ex, w, N, k, H, nullptr, gl, y, s, /*shared_in_o=*/true);
     return;
   }
   float* sh = scratch(kShared, N * H);

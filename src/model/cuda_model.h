@@ -119,9 +119,10 @@ class CudaModel {
   static Result<std::unique_ptr<CudaModel>> create(const Model& host, int device = 0);
   // Random bf16 weights at the config's real size, generated on the device from `seed` (no files,
   // no host copies): for benchmarks (`--load-format dummy`). kResourceExhausted when they do not
-  // fit in the device's free memory.
+  // fit in the device's free memory. With `mtp`, an MTP head too (its fc and one attention + MoE
+  // layer; Qwen3-Next checkpoints carry one).
   static Result<std::unique_ptr<CudaModel>> create_dummy(const ModelConfig& config, uint64_t seed,
-                                                         int device = 0);
+                                                         int device = 0, bool mtp = false);
   ~CudaModel();
 
   // A fresh state; with `mtp` (has_mtp()) it keeps the MTP head's state too.

@@ -30,7 +30,8 @@ Engine::Engine(const Model& model, const EngineOptions& o)
       o_(o),
       pool_(o.threads),
       sched_(o.scheduler),
-      states_(o.state_cache_bytes, kDeltaChunk) {
+      states_(o.state_cache_bytes, kDeltaChunk),
+      prior_(o.draft_max) {
   mtp_ = o.draft_max > 0 && model.has_mtp();
   TF_CHECK(o.scheduler.prefill_align % kDeltaChunk == 0, "prefill_align {} vs chunk {}",
            o.scheduler.prefill_align, kDeltaChunk);
@@ -203,7 +204,9 @@ void Engine::admit(const std::vector<uint64_t>& ids) {
     const std::vector<int32_t>& p = a.req.prompt;
     MissReason reason;
     a.n_cached = states_.find(p, static_cast<int64_t>(p.size()) - 1, &a.state, &reason);
-    if (mtp_ && a.req.draft) a.policy.emplace(o_.draft_max);
+    // A request's depth policy starts from what the engine has measured so far (every k tried
+    // once by the first requests), so short replies do not each pay for trying every k.
+    if (mtp_ && a.req.draft) a.policy.emplace(prior_);
     if (a.n_cached == 0) {
       a.state = model_.new_state(o_.buffers, mtp_);
       continue;
@@ -374,7 +377,10 @@ void Engine::commit_decode(StepRow& r, std::span<const float> logits, double ste
   // Keep x, d_1 .. d_i: exactly plain decoding's state after the tokens emitted but the last.
   if (j > 0) a.state.rollback(base + 1 + i);
   r.count = 1 + i;
-  if (a.policy && o_.draft_adaptive) a.policy->observe(k, static_cast<int>(i) + 1, step_cost);
+  if (a.policy && o_.draft_adaptive) {
+    a.policy->observe(k, static_cast<int>(i) + 1, step_cost);
+    prior_.observe(k, static_cast<int>(i) + 1, step_cost);
+  }
   if (o_.on_decode_state) o_.on_decode_state(r.seq, a.state);
 }
 

@@ -175,6 +175,9 @@ class Engine {
   std::vector<uint64_t> cancels_;  // guarded by mu_
   std::map<uint64_t, std::unique_ptr<Active>> active_;  // engine thread only
   StatePool states_;                                    // engine thread only
+  // Every request's depth observations, pooled (engine thread only): a new request's policy
+  // starts as a copy of it.
+  DraftPolicy prior_;
   uint64_t next_id_ = 1;
   bool stop_ = false;
   bool wake_ = false;  // guarded by mu_

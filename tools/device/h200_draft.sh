@@ -6,7 +6,9 @@
 #          lacks (libfmt, libcudart), optionally mut/cuda_tests (a mutant the draft tests must catch)
 # Runs every CUDA test (the kernels, the model, the engine and drafting on the device), the
 # mutant, then cuda_bench on tiny-next: the decode tables, the engine, and drafting against plain
-# decoding (adaptive and fixed depth) on bench/draft_prompts.json. Logs: $OUT/run_log.txt.
+# decoding (adaptive and fixed depth) on bench/draft_prompts.json, and the costs of drafting on
+# the 80B-A3B shape (dummy weights: their acceptance means nothing, their costs are real). Logs:
+# $OUT/run_log.txt.
 set -uo pipefail
 dir=${1:?usage: h200_draft.sh DIR}
 out=${OUT:-/tmp/tf_out}
@@ -32,4 +34,8 @@ stamp "bench exit $?"
 stamp "bench: tiny-next, drafting fixed"
 "$dir/cuda_bench" --model models/tiny-next --batches 1 --draft 3 --draft-fixed \
   --draft-streams 1,4,8 >"$out/bench_fixed.md" 2>&1
+stamp "bench exit $?"
+stamp "bench: the 80B-A3B shape (24 layers, dummy weights with an MTP head): drafting costs"
+"$dir/cuda_bench" --config bench/qwen3-next-80b-a3b-24l.json --load-format dummy --batches 1,8,32 \
+  --draft 3 >"$out/bench_80b.md" 2>&1
 stamp "bench exit $?; done"
