@@ -86,9 +86,10 @@ struct CudaSequenceState final : DeviceState {
 
   // The verify window opened by the last step (verify_base < 0: none), as SequenceState::verify.
   int64_t verify_base = -1, verify_T = 0;
-  int64_t conv_rows = 0;    // K - 1
-  int64_t hidden_size = 0;  // H
-  void* stream = nullptr;   // the model's cudaStream_t: rollback's copies are ordered with steps
+  DeviceArray<uint64_t> rollback_segs;  // rollback's copies (cuda::copy_segments)
+  int64_t conv_rows = 0;                // K - 1
+  int64_t hidden_size = 0;              // H
+  void* stream = nullptr;  // the model's cudaStream_t: rollback's copies are ordered with steps
 };
 
 struct CudaStepInput {
@@ -203,6 +204,8 @@ class CudaModel {
   DeviceArray<uint64_t> draft_table_;  // draft()'s table
   std::vector<uint64_t> host_draft_table_;
   DeviceArray<float> mtp_dummy_;  // [max(H, n_kv D)] zeros: the head's row of no position
+  void* pinned_ = nullptr;        // forward()'s logits on their way to the host
+  size_t pinned_bytes_ = 0;
   // Buffers are only ever replaced, never resized in place; each replacement bumps generation_
   // and drops the graphs (they hold the old addresses).
   uint64_t generation_ = 0, graphs_gen_ = 0;

@@ -1073,6 +1073,23 @@ __global__ void gather_rows_kernel(const float* __restrict__ x, const int32_t* _
   for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dst[d] = src[d];
 }
 
+// Segment blockIdx.y, strided over the blocks of x: float4 when both ends allow it.
+__global__ void copy_segments_kernel(const uint64_t* __restrict__ segs) {
+  float* dst = reinterpret_cast<float*>(segs[3 * blockIdx.y]);
+  const float* src = reinterpret_cast<const float*>(segs[3 * blockIdx.y + 1]);
+  const int64_t n = static_cast<int64_t>(segs[3 * blockIdx.y + 2]);
+  const int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0 &&
+      n % 4 == 0) {
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    const float4* s4 = reinterpret_cast<const float4*>(src);
+    for (int64_t i = start; i < n / 4; i += stride) d4[i] = s4[i];
+  } else {
+    for (int64_t i = start; i < n; i += stride) dst[i] = src[i];
+  }
+}
+
 // Row blockIdx.x between a contiguous [n, dim] block and per-row pointers (null: skipped).
 __global__ void store_rows_kernel(const float* __restrict__ x, int64_t dim, float* const* dst) {
   float* d = dst[blockIdx.x];
@@ -1465,6 +1482,13 @@ void gdn_gates(const float* b, const float* a, const float* dt_bias, const float
   if (n == 0) return;
   gdn_gates_kernel<<<blocks_for(n * Hv, 256), 256, 0, stream>>>(b, a, dt_bias, neg_exp_a, n, Hv,
                                                                 beta, g);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void copy_segments(const uint64_t* segs, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  TF_CUDA_REQUIRE(n <= 65535, "copy_segments: too many segments in one launch");
+  copy_segments_kernel<<<dim3(32, static_cast<unsigned>(n)), 256, 0, stream>>>(segs);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -200,6 +200,11 @@ void split_qkvz_gates(const float* PB, int64_t n, int64_t Hk, int64_t Dk, int64_
                       const float* dt_bias, const float* neg_exp_a, float* xc, float* z,
                       float* beta, float* g, cudaStream_t stream);
 
+// Copies n segments of floats, segs [n, 3] (device) = {dst, src, count} each (the pointers as
+// 8-byte words; 16-byte aligned with count a multiple of 4, or not: both work); segments must not
+// overlap. One launch for what would be n cudaMemcpyAsync calls (a verify step's rollback).
+void copy_segments(const uint64_t* segs, int64_t n, cudaStream_t stream);
+
 // Rows between a contiguous block x / y [n, dim] and per-row device pointers (tables on the
 // device): store_rows writes row i to dst[i] (skipped where null), load_rows reads row i from
 // src[i].
