@@ -569,6 +569,7 @@ enum Slot : int {
   kDraftH1,
   kDraftProb,    // [steps, M] top probabilities
   kDraftLogits,  // [steps, M, V] (rows wanted by the caller) or [M, V]
+  kArgmaxWork,   // cuda::argmax_rows's partial results
 };
 
 void matmul(const auto& W, const float* x, int64_t n, float* y, cudaStream_t s) {
@@ -848,7 +849,8 @@ void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
   const int64_t R = step(inputs), V = config().vocab_size;
   if (R == 0) return;
   int32_t* d = grow_tracked(argmax_, R);
-  cuda::argmax_rows(scratch_[kLogits].data(), R, V, d, s);
+  cuda::argmax_rows(scratch_[kLogits].data(), R, V, d, s, nullptr,
+                    scratch(kArgmaxWork, cuda::argmax_work_floats(R, V)));
   const size_t first = tokens->size();
   tokens->resize(first + R);
   TF_CUDA_CHECK(
@@ -947,7 +949,8 @@ void CudaModel::enqueue_draft(const std::vector<int64_t>& ks, bool want_logits, 
     cuda::add_rmsnorm_zc(x, y, mtp_->norm.data(), M, H, eps, hout, s);
     float* lg = logits + (want_logits ? step * M1 * V : 0);
     matmul(*lm_head_, hout, M, lg, s);
-    cuda::argmax_rows(lg, M, V, tok + step * M1, s, prob + step * M1);
+    cuda::argmax_rows(lg, M, V, tok + step * M1, s, prob + step * M1,
+                      scratch(kArgmaxWork, cuda::argmax_work_floats(M1, V)));
   }
 }
 

@@ -510,6 +510,18 @@ TEST_F(CudaOps, ArgmaxAndFill) {
     for (int64_t i = 0; i < V; ++i) sum += std::exp(double(l[t * V + i]) - 9.0);
     EXPECT_NEAR(p[t], 1.0 / sum, 1e-6 / sum) << t;
   }
+  // The two-stage form (rows split over blocks): the same indices, the probability within
+  // float rounding; and the ties across its chunks (151935 and 0 sit in the last and first).
+  Dev<float> work(cuda::argmax_work_floats(n, V)), prob2(n);
+  Dev<int32_t> out2(n);
+  cuda::argmax_rows(dl.p, n, V, out2.p, nullptr, prob2.p, work.p);
+  EXPECT_EQ(out2.host(), (std::vector<int32_t>{151935, 77, 0}));
+  const auto p2 = prob2.host();
+  for (int64_t t = 0; t < n; ++t) EXPECT_NEAR(p2[t], p[t], 1e-5 * p[t]) << t;
+  l[1 * V + 4000] = 9.0f;  // a tie in a later chunk than 77's: 77 stays
+  Dev<float> dl2(l);
+  cuda::argmax_rows(dl2.p, n, V, out2.p, nullptr, nullptr, work.p);
+  EXPECT_EQ(out2.host()[1], 77);
 
   Dev<float> f(100000);
   cuda::fill_uniform(DType::kF32, f.p, 100000, 7, 0.5f, 2.0f, nullptr);

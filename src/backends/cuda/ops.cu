@@ -962,6 +962,65 @@ __global__ void argmax_rows_kernel(const float* __restrict__ logits, int64_t V,
   if (threadIdx.x == 0) prob[blockIdx.x] = 1.0f / sv[0];
 }
 
+// Two stages for long rows (argmax_rows with `work`). Stage 1, block (b, row): the chunk
+// [b c, (b + 1) c) of the row, c = kArgmaxChunk: its max, the lowest index holding it, and
+// sum exp(l - max) over the chunk, to part[row, b] = {max, index bits, sum}.
+constexpr int64_t kArgmaxChunk = 2048;
+__global__ void argmax_part_kernel(const float* __restrict__ logits, int64_t V, bool want_sum,
+                                   float* __restrict__ part) {
+  __shared__ float sv[256];
+  __shared__ int si[256];
+  const float* l = logits + blockIdx.y * V;
+  const int64_t i0 = blockIdx.x * kArgmaxChunk, i1 = min(V, i0 + kArgmaxChunk);
+  float bv = -INFINITY;
+  int bi = -1;
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+    if (bi < 0 || l[i] > bv) bv = l[i], bi = static_cast<int>(i);
+  sv[threadIdx.x] = bv, si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o /= 2) {
+    if (threadIdx.x < o) {
+      const float ov = sv[threadIdx.x + o];
+      const int oi = si[threadIdx.x + o];
+      if (oi >= 0 && (si[threadIdx.x] < 0 || ov > sv[threadIdx.x] ||
+                      (ov == sv[threadIdx.x] && oi < si[threadIdx.x])))
+        sv[threadIdx.x] = ov, si[threadIdx.x] = oi;
+    }
+    __syncthreads();
+  }
+  float* p = part + (blockIdx.y * gridDim.x + blockIdx.x) * 3;
+  const float mx = sv[0];
+  if (threadIdx.x == 0) p[0] = mx, p[1] = __int_as_float(si[0]);
+  if (!want_sum) return;
+  __syncthreads();
+  float sum = 0;
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) sum += expf(l[i] - mx);
+  sv[threadIdx.x] = sum;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o /= 2) {
+    if (threadIdx.x < o) sv[threadIdx.x] += sv[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p[2] = sv[0];
+}
+// Stage 2, one thread per row: the chunks in order (the first holding the max has its lowest
+// index), and sum_b s_b exp(m_b - max) in chunk order.
+__global__ void argmax_join_kernel(const float* __restrict__ part, int64_t n, int64_t B,
+                                   int32_t* __restrict__ out, float* __restrict__ prob) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= n) return;
+  const float* p = part + row * B * 3;
+  float mx = p[0];
+  int idx = __float_as_int(p[1]);
+  for (int64_t b = 1; b < B; ++b)
+    if (p[3 * b] > mx) mx = p[3 * b], idx = __float_as_int(p[3 * b + 1]);
+  out[row] = idx;
+  if (prob == nullptr) return;
+  float sum = 0;
+  for (int64_t b = 0; b < B; ++b) sum += p[3 * b + 2] * expf(p[3 * b] - mx);
+  prob[row] = 1.0f / sum;
+}
+
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -1337,10 +1396,21 @@ void delta_rule_seqs(const float* q, const float* k, const float* v, const float
 }
 
 void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t stream,
-                 float* prob) {
+                 float* prob, float* work) {
   if (n == 0) return;
-  argmax_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(logits, V, out, prob);
+  if (work == nullptr) {
+    argmax_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(logits, V, out, prob);
+  } else {
+    const int64_t B = (V + kArgmaxChunk - 1) / kArgmaxChunk;
+    argmax_part_kernel<<<dim3(static_cast<unsigned>(B), static_cast<unsigned>(n)), 256, 0,
+                         stream>>>(logits, V, prob != nullptr, work);
+    argmax_join_kernel<<<blocks_for(n, 128), 128, 0, stream>>>(work, n, B, out, prob);
+  }
   TF_CUDA_CHECK(cudaGetLastError());
+}
+
+int64_t argmax_work_floats(int64_t n, int64_t V) {
+  return n * ((V + kArgmaxChunk - 1) / kArgmaxChunk) * 3;
 }
 
 void fill_uniform(DType dtype, void* p, int64_t n, uint64_t seed, float scale, float offset,

@@ -170,8 +170,11 @@ void delta_rule_seqs(const float* q, const float* k, const float* v, const float
 
 // out[t] = argmax of logits row t [V] (ties to the lower index). logits [n, V]. With `prob`
 // [n]: also the argmax's softmax probability, 1 / sum_i exp(l_i - max) (the drafting gate).
+// With `work` (argmax_work_floats(n, V) floats): each row split over blocks of 2048 entries and
+// joined in chunk order (the same index; prob summed in another order), for long rows.
 void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t stream,
-                 float* prob = nullptr);
+                 float* prob = nullptr, float* work = nullptr);
+int64_t argmax_work_floats(int64_t n, int64_t V);
 
 // Fills n weights with uniform values in [-scale, scale) + offset from a counter hash of (seed, i):
 // dummy weights generated on the device. `dtype` bf16 or f32.
