@@ -15,30 +15,24 @@
 //     decoding's tokens (and, through the engine, its logits rows) alone, batched and resumed.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "cuda/device_fixture.h"
 #include "model/cuda_model.h"
 #include "model/model.h"
 #include "model/mtp.h"
 #include "runtime/engine.h"
+#include "unit/draft_checks.h"
 #include "unit/engine_util.h"
 
 namespace tf {
 namespace {
-
-std::string repo() {
-  const char* r = std::getenv("TF_REPO");
-  return r ? r : TF_SOURCE_DIR;
-}
 
 std::vector<float> host(const DeviceArray<float>& a, size_t n) {
   std::vector<float> h(n);
@@ -49,28 +43,12 @@ std::vector<float> host(const DeviceArray<float>& a, size_t n) {
   return h;
 }
 
-class DraftOnDevice : public ::testing::Test {
+class DraftOnDevice : public testing::TinyNextOnDevice {
  protected:
   void SetUp() override {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-    auto c = Model::load(repo() + "/models/tiny-next");
-    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
-    cpu_ = std::move(*c);
-    auto g = Model::load(repo() + "/models/tiny-next");
-    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-    gpu_ = std::move(*g);
-    ASSERT_TRUE(gpu_->use_cuda().is_ok());
-    ASSERT_TRUE(gpu_->has_mtp());
+    TinyNextOnDevice::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     V_ = gpu_->config().vocab_size;
-  }
-  // Real text: the golden chat prompts (ids from transformers' tokenizer).
-  static std::vector<std::vector<int32_t>> golden_prompts() {
-    std::ifstream in(repo() + "/tests/golden/tiny_next/reference.json");
-    const nlohmann::json ref = nlohmann::json::parse(in);
-    std::vector<std::vector<int32_t>> out;
-    for (const auto& p : ref.at("prompts")) out.push_back(p.at("ids").get<std::vector<int32_t>>());
-    return out;
   }
   std::vector<int32_t> tokens(int n, uint32_t seed) const {
     std::mt19937 rng(seed);
@@ -128,7 +106,6 @@ class DraftOnDevice : public ::testing::Test {
     return ::testing::AssertionSuccess();
   }
 
-  std::unique_ptr<Model> cpu_, gpu_;
   int64_t V_ = 0;
 };
 
@@ -168,49 +145,12 @@ TEST_F(DraftOnDevice, RollbackEqualsPlainState) {
 }
 
 TEST_F(DraftOnDevice, DraftIsPureAndBatchInvariant) {
-  const std::vector<std::vector<int32_t>> prompts = {tokens(1, 7), tokens(30, 8), tokens(65, 9)};
   std::vector<SequenceState> states;
-  for (const auto& p : prompts) states.push_back(prefilled(*gpu_, p));
-  std::vector<SequenceState> before = states;
-  std::vector<Draft> alone(3);
-  for (size_t i = 0; i < 3; ++i) {
-    const DraftInput in{&states[i], static_cast<int32_t>(i + 3), 4, 0.0f, true};
-    gpu_->draft({&in, 1}, {&alone[i], 1}, nullptr);
-    ASSERT_EQ(alone[i].tokens.size(), 4u);
-    ASSERT_EQ(alone[i].logits.size(), 4u * V_);
-    for (int s = 0; s < 4; ++s) {
-      const auto row = std::span<const float>(alone[i].logits).subspan(s * V_, V_);
-      EXPECT_EQ(alone[i].tokens[s], argmax_row(row));
-      EXPECT_GT(alone[i].top_prob[s], 0.0f);
-      EXPECT_LE(alone[i].top_prob[s], 1.0f);
-    }
-    EXPECT_TRUE(same_state(states[i], before[i])) << i;
-  }
-  // Different k per sequence: rows leave the batch at different steps.
-  const DraftInput in[] = {{&states[0], 3, 4, 0.0f, true},
-                           {&states[1], 4, 2, 0.0f, true},
-                           {&states[2], 5, 4, 0.0f, true}};
-  std::vector<Draft> out(3);
-  gpu_->draft(in, out, nullptr);
-  for (size_t i = 0; i < 3; ++i) {
-    const size_t n = in[i].max_tokens;
-    ASSERT_EQ(out[i].tokens.size(), n);
-    EXPECT_TRUE(std::equal(out[i].tokens.begin(), out[i].tokens.end(), alone[i].tokens.begin()));
-    EXPECT_EQ(0, std::memcmp(out[i].top_prob.data(), alone[i].top_prob.data(), n * 4));
-    EXPECT_EQ(0, std::memcmp(out[i].logits.data(), alone[i].logits.data(), n * V_ * 4));
-    EXPECT_TRUE(same_state(states[i], before[i])) << i;
-  }
-  // The gate: p_min just above draft s's probability keeps exactly the drafts before s.
-  for (int s = 0; s < 4; ++s) {
-    const float p = alone[2].top_prob[s];
-    bool earlier_below = false;
-    for (int t = 0; t < s; ++t) earlier_below |= alone[2].top_prob[t] <= p;
-    if (earlier_below) continue;
-    const DraftInput g{&states[2], 5, 4, std::nextafter(p, 2.0f)};
-    Draft d;
-    gpu_->draft({&g, 1}, {&d, 1}, nullptr);
-    EXPECT_EQ(d.tokens.size(), static_cast<size_t>(s)) << s;
-  }
+  for (const auto& p : {tokens(1, 7), tokens(30, 8), tokens(65, 9)})
+    states.push_back(prefilled(*gpu_, p));
+  ThreadPool* const pools[] = {nullptr};
+  testing::check_draft_pure_and_batch_invariant(
+      *gpu_, states, pools, [&](SequenceState& a, SequenceState& b) { return same_state(a, b); });
 }
 
 TEST_F(DraftOnDevice, DraftMatchesCpuHead) {

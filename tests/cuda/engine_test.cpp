@@ -14,7 +14,6 @@
 // without a CUDA device.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -22,9 +21,8 @@
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
+#include "cuda/device_fixture.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "unit/engine_util.h"
@@ -34,14 +32,6 @@ namespace {
 
 using testing::Collector;
 using testing::same_bits;
-
-std::string repo() {
-  const char* r = std::getenv("TF_REPO");
-  return r ? r : TF_SOURCE_DIR;
-}
-std::string tiny_next() {
-  return repo() + "/models/tiny-next";
-}
 
 struct Reply {
   std::vector<int32_t> tokens;
@@ -65,36 +55,13 @@ std::vector<Reply> run_all(Engine& engine, const std::vector<GenerationRequest>&
   return out;
 }
 
-class EngineOnDevice : public ::testing::Test {
+class EngineOnDevice : public testing::TinyNextOnDevice {
  protected:
-  void SetUp() override {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-    auto c = Model::load(tiny_next());
-    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
-    cpu_ = std::move(*c);
-    auto g = Model::load(tiny_next());
-    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-    gpu_ = std::move(*g);
-    const Status s = gpu_->use_cuda();
-    ASSERT_TRUE(s.is_ok()) << s.to_string();
-    ASSERT_TRUE(gpu_->on_device());
-    ASSERT_TRUE(gpu_->has_mtp());  // tests/cuda/draft_test.cpp drafts there
-  }
-  // The golden test's chat prompts (rendered and tokenized by transformers).
-  static std::vector<std::vector<int32_t>> golden_prompts() {
-    std::ifstream in(repo() + "/tests/golden/tiny_next/reference.json");
-    const nlohmann::json ref = nlohmann::json::parse(in);
-    std::vector<std::vector<int32_t>> out;
-    for (const auto& p : ref.at("prompts")) out.push_back(p.at("ids").get<std::vector<int32_t>>());
-    return out;
-  }
   std::vector<int32_t> stops() const {
     std::vector<int32_t> s;
     for (int64_t id : cpu_->config().eos_token_ids) s.push_back(static_cast<int32_t>(id));
     return s;
   }
-  std::unique_ptr<Model> cpu_, gpu_;
 };
 
 TEST_F(EngineOnDevice, GreedyRepliesMatchCpuEngine) {

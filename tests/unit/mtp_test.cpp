@@ -11,6 +11,7 @@
 #include "backends/cpu/ops.h"
 #include "model/model.h"
 #include "model/mtp.h"
+#include "unit/draft_checks.h"
 #include "unit/test_util.h"
 
 namespace tf {
@@ -229,52 +230,13 @@ TEST(MtpOps, ArgmaxProb) {
 // the same whether sequences draft alone or batched. The gate drops drafts below p_min and what
 // follows. (Checked to fail by leaving the draft steps' scratch rows in the head's cache.)
 TEST_P(MtpTest, DraftIsPureAndBatchInvariant) {
-  const std::vector<std::vector<int32_t>> prompts = {tokens(1, 7), tokens(30, 8), tokens(65, 9)};
   std::vector<SequenceState> states;
-  for (const auto& p : prompts) states.push_back(prefilled(p));
-  std::vector<SequenceState> before = states;
-  std::vector<Draft> alone(3);
-  for (size_t i = 0; i < 3; ++i) {
-    const DraftInput in{&states[i], static_cast<int32_t>(i + 3), 4, 0.0f, true};
-    model_->draft({&in, 1}, {&alone[i], 1}, nullptr);
-    ASSERT_EQ(alone[i].tokens.size(), 4u);
-    ASSERT_EQ(alone[i].logits.size(), 4u * V_);
-    for (int s = 0; s < 4; ++s) {
-      const auto row = std::span<const float>(alone[i].logits).subspan(s * V_, V_);
-      EXPECT_EQ(alone[i].tokens[s], argmax_row(row));
-      EXPECT_GT(alone[i].top_prob[s], 0.0f);
-      EXPECT_LE(alone[i].top_prob[s], 1.0f);
-    }
-    EXPECT_TRUE(same_state(*model_, states[i], before[i])) << i;
-  }
-  for (int threads : {1, 3}) {
-    ThreadPool pool(threads);
-    // Different k per sequence: rows leave the batch at different steps.
-    const DraftInput in[] = {{&states[0], 3, 4, 0.0f, true},
-                             {&states[1], 4, 2, 0.0f, true},
-                             {&states[2], 5, 4, 0.0f, true}};
-    std::vector<Draft> out(3);
-    model_->draft(in, out, &pool);
-    for (size_t i = 0; i < 3; ++i) {
-      const size_t n = in[i].max_tokens;
-      ASSERT_EQ(out[i].tokens.size(), n);
-      EXPECT_TRUE(std::equal(out[i].tokens.begin(), out[i].tokens.end(), alone[i].tokens.begin()));
-      EXPECT_EQ(0, std::memcmp(out[i].top_prob.data(), alone[i].top_prob.data(), n * 4));
-      EXPECT_EQ(0, std::memcmp(out[i].logits.data(), alone[i].logits.data(), n * V_ * 4));
-      EXPECT_TRUE(same_state(*model_, states[i], before[i])) << i;
-    }
-  }
-  // The gate: p_min just above draft s's probability keeps exactly the drafts before s.
-  for (int s = 0; s < 4; ++s) {
-    const float p = alone[2].top_prob[s];
-    bool earlier_below = false;
-    for (int t = 0; t < s; ++t) earlier_below |= alone[2].top_prob[t] <= p;
-    if (earlier_below) continue;
-    const DraftInput in{&states[2], 5, 4, std::nextafter(p, 2.0f)};
-    Draft d;
-    model_->draft({&in, 1}, {&d, 1}, nullptr);
-    EXPECT_EQ(d.tokens.size(), static_cast<size_t>(s)) << s;
-  }
+  for (const auto& p : {tokens(1, 7), tokens(30, 8), tokens(65, 9)}) states.push_back(prefilled(p));
+  ThreadPool one(1), three(3);
+  ThreadPool* const pools[] = {&one, &three};
+  testing::check_draft_pure_and_batch_invariant(
+      *model_, states, pools,
+      [&](SequenceState& a, SequenceState& b) { return same_state(*model_, a, b); });
 }
 
 // Drafted greedy decoding returns exactly plain greedy decoding's tokens for any k and gate.
