@@ -12,6 +12,47 @@ namespace {
 
 constexpr int kWarp = 32;
 
+// Programmatic dependent launch (sm_90): every kernel is launched with programmatic stream
+// serialization, so the next kernel on the stream is launched while this one runs instead of
+// after it (a launch costs 1-2 us, and a decode step is hundreds of small kernels). Each kernel
+// first lets the next one launch, then waits until the previous one has completed and its writes
+// are visible: no kernel reads or writes anything before that wait, so the order of the work
+// is the stream's order, as without the attribute. (Before sm_90: plain launches.)
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+  cudaGridDependencySynchronize();
+#endif
+}
+
+bool pdl_supported() {
+  static const bool on = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           major >= 9;
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute
+// (on a stream of its own: the legacy default stream launches plainly).
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = stream != nullptr && pdl_supported() ? 1 : 0;
+  TF_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
+}
+
 // Sum over the 32 lanes by a fixed xor-shuffle tree; every lane gets the total.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -38,6 +79,7 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 constexpr int kNormThreads = 256;
 __global__ void rmsnorm_zc_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                   int64_t dim, float eps, float* __restrict__ y) {
+  pdl_enter();
   __shared__ float scratch[kNormThreads / kWarp];
   const float* xr = x + blockIdx.x * dim;
   float ss = 0;
@@ -149,6 +191,7 @@ template <class W, int kT>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
     matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t cols, const float* __restrict__ x,
                   int64_t n, float* __restrict__ y) {
+  pdl_enter();
   const int64_t r0 =
       (static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp) * kMatRows;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kT;
@@ -221,6 +264,7 @@ __global__ void expert_gate_up_kernel(const W* __restrict__ wg, const W* __restr
                                       const W* __restrict__ sg, const W* __restrict__ su, int64_t I,
                                       int64_t H, const int32_t* __restrict__ experts, int64_t k,
                                       const float* __restrict__ x, float* __restrict__ h) {
+  pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (i >= I) return;
   const int64_t kk = sg ? k + 1 : k, slot = blockIdx.y, t = slot / kk, j = slot % kk;
@@ -236,6 +280,7 @@ template <class W>
 __global__ void expert_down_kernel(const W* __restrict__ wd, const W* __restrict__ sd, int64_t H,
                                    int64_t I, const int32_t* __restrict__ experts, int64_t k,
                                    const float* __restrict__ h, float* __restrict__ o) {
+  pdl_enter();
   const int64_t d = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (d >= H) return;
   const int64_t kk = sd ? k + 1 : k, slot = blockIdx.y, t = slot / kk, j = slot % kk;
@@ -295,6 +340,7 @@ constexpr int kGroupThreads = 1024;
 __global__ void moe_group_kernel(const int32_t* experts, int64_t slots, int64_t E,
                                  int32_t* __restrict__ sorted, int4* __restrict__ tiles,
                                  int32_t* __restrict__ n_tiles) {
+  pdl_enter();
   __shared__ int32_t base[kGroupThreads], tbase[kGroupThreads];
   __shared__ int32_t ids[4096];  // the slots' experts, when they fit
   if (slots <= 4096) {
@@ -354,6 +400,7 @@ __global__ void grouped_gate_up_kernel(const W* __restrict__ wg, const W* __rest
                                        const int4* __restrict__ tiles,
                                        const int32_t* __restrict__ n_tiles,
                                        const float* __restrict__ x, float* __restrict__ h) {
+  pdl_enter();
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (i >= I) return;
@@ -427,6 +474,7 @@ __global__ void grouped_down_kernel(const W* __restrict__ wd, int64_t H, int64_t
                                     const int4* __restrict__ tiles,
                                     const int32_t* __restrict__ n_tiles,
                                     const float* __restrict__ h, float* __restrict__ o) {
+  pdl_enter();
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const int64_t d = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (d >= H) return;
@@ -453,6 +501,7 @@ __global__ void moe_combine_kernel(const float* __restrict__ o, const int32_t* _
                                    const float* __restrict__ w, int64_t k, int64_t H,
                                    const float* __restrict__ shared, bool shared_in_o,
                                    const float* __restrict__ gate, float* __restrict__ y) {
+  pdl_enter();
   __shared__ int order[64], eid[64];
   const int64_t t = blockIdx.x, kk = shared_in_o ? k + 1 : k;
   if (threadIdx.x < k) eid[threadIdx.x] = experts[t * k + threadIdx.x];
@@ -493,6 +542,7 @@ __global__ void attn_prep_kernel(const float* __restrict__ qkv, int64_t n_heads,
                                  const float* __restrict__ inv_freq,
                                  const int64_t* __restrict__ pos, float* __restrict__ q,
                                  float* __restrict__ gate, float* const* kc, float* const* vc) {
+  pdl_enter();
   __shared__ float scratch[kNormThreads / kWarp];
   __shared__ float xs[1024];
   const int64_t t = blockIdx.x, hh = blockIdx.y;
@@ -534,6 +584,7 @@ __global__ void attn_prep_kernel(const float* __restrict__ qkv, int64_t n_heads,
 __global__ void add_rmsnorm_zc_kernel(float* __restrict__ x, const float* __restrict__ r,
                                       const float* __restrict__ w, int64_t dim, float eps,
                                       float* __restrict__ y) {
+  pdl_enter();
   __shared__ float scratch[kNormThreads / kWarp];
   float* xr = x + blockIdx.x * dim;
   const float* rr = r + blockIdx.x * dim;
@@ -552,6 +603,7 @@ __global__ void add_rmsnorm_zc_kernel(float* __restrict__ x, const float* __rest
 __global__ void kv_append_kernel(const float* __restrict__ k, const float* __restrict__ v,
                                  int64_t row, const int64_t* __restrict__ pos, float* const* kc,
                                  float* const* vc) {
+  pdl_enter();
   const int64_t t = blockIdx.x;
   float* kd = kc[t] + pos[t] * row;
   float* vd = vc[t] + pos[t] * row;
@@ -568,6 +620,7 @@ __global__ void conv_silu_seqs_kernel(const float* __restrict__ xc,
                                       float* const* hist, const float* __restrict__ w, int64_t C,
                                       int64_t K, int64_t kd, float* __restrict__ q,
                                       float* __restrict__ kk, float* __restrict__ v) {
+  pdl_enter();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float* st = state[blockIdx.y];
@@ -607,6 +660,7 @@ __global__ void conv_silu_seqs_kernel(const float* __restrict__ xc,
 
 __global__ void silu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n,
                                 float* __restrict__ y) {
+  pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
@@ -615,6 +669,7 @@ __global__ void silu_mul_kernel(const float* __restrict__ g, const float* __rest
 __global__ void rope_neox_kernel(float* __restrict__ x, int64_t n_heads, int64_t head_dim,
                                  int64_t half, const float* __restrict__ inv_freq,
                                  const int64_t* __restrict__ pos) {
+  pdl_enter();
   const int64_t t = blockIdx.x;
   for (int64_t j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
     const int64_t h = j / half, i = j % half;
@@ -631,6 +686,7 @@ __global__ void rope_neox_kernel(float* __restrict__ x, int64_t n_heads, int64_t
 template <class E>
 __global__ void embed_rows_kernel(const E* __restrict__ embed, int64_t dim,
                                   const int32_t* __restrict__ ids, float* __restrict__ y) {
+  pdl_enter();
   const E* row = embed + static_cast<int64_t>(ids[blockIdx.x]) * dim;
   float* out = y + blockIdx.x * dim;
   for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
@@ -645,6 +701,7 @@ __global__ void embed_rows_kernel(const E* __restrict__ embed, int64_t dim,
 __global__ void rmsnorm_gated_kernel(const float* __restrict__ x, const float* __restrict__ z,
                                      const float* __restrict__ w, int64_t dim, float eps,
                                      float* __restrict__ y) {
+  pdl_enter();
   __shared__ float scratch[kNormThreads / kWarp];
   const float* xr = x + blockIdx.x * dim;
   const float* zr = z + blockIdx.x * dim;
@@ -662,6 +719,7 @@ __global__ void rmsnorm_gated_kernel(const float* __restrict__ x, const float* _
 // Rows < rows_a are scaled by scale, the others by scale_b.
 __global__ void l2norm_scale_kernel(float* __restrict__ x, int64_t dim, float eps, float scale,
                                     int64_t rows_a, float scale_b) {
+  pdl_enter();
   if (static_cast<int64_t>(blockIdx.x) >= rows_a) scale = scale_b;
   __shared__ float scratch[kNormThreads / kWarp];
   float* xr = x + blockIdx.x * dim;
@@ -674,6 +732,7 @@ __global__ void l2norm_scale_kernel(float* __restrict__ x, int64_t dim, float ep
 
 __global__ void causal_conv_silu_kernel(const float* __restrict__ in, const float* __restrict__ w,
                                         int64_t T, int64_t C, int64_t K, float* __restrict__ out) {
+  pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= T * C) return;
   const int64_t t = i / C, c = i % C;
@@ -757,6 +816,7 @@ __global__ void delta_rule_recurrent_kernel(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ g, const float* __restrict__ beta, int64_t T, int64_t Hk, int64_t Hv,
     int64_t Dk, int64_t Dv, float* __restrict__ S, float* __restrict__ out) {
+  pdl_enter();
   const int64_t groups = (Dv + kWarp - 1) / kWarp;
   const int64_t h = blockIdx.x / groups, j0 = (blockIdx.x % groups) * kWarp;
   delta_block(q, k, v, g, beta, 0, T, Hk, Hv, Dk, Dv, h, j0, S + h * Dk * Dv, out, nullptr);
@@ -767,6 +827,7 @@ __global__ void delta_rule_seqs_kernel(const float* __restrict__ q, const float*
                                        const int32_t* __restrict__ starts, float* const* S,
                                        float* const* S_hist, int64_t Hk, int64_t Hv, int64_t Dk,
                                        int64_t Dv, float* __restrict__ out) {
+  pdl_enter();
   const int64_t groups = (Dv + kWarp - 1) / kWarp;
   const int64_t h = blockIdx.x / groups, j0 = (blockIdx.x % groups) * kWarp;
   float* hist = S_hist != nullptr ? S_hist[blockIdx.y] : nullptr;
@@ -783,6 +844,7 @@ __global__ void attention_kernel(const float* __restrict__ q, const int64_t* __r
                                  const float* const* vt, int64_t n_heads, int64_t n_kv, int64_t D,
                                  float scale, const float* __restrict__ gate,
                                  float* __restrict__ out) {
+  pdl_enter();
   extern __shared__ float smem[];  // q [D] | p [kAttnTile] | reduce scratch [kAttnTile / 32]
   float* qs = smem;
   float* p = smem + D;
@@ -868,6 +930,7 @@ constexpr int kRouteRegs = 16;
 __global__ void route_topk_kernel(const float* __restrict__ logits, int64_t n, int64_t E, int64_t k,
                                   bool renorm, int32_t* __restrict__ experts,
                                   float* __restrict__ weights) {
+  pdl_enter();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / kWarp;
   if (t >= n) return;  // whole warps
   const int lane = threadIdx.x % kWarp;
@@ -927,6 +990,7 @@ __global__ void route_topk_kernel(const float* __restrict__ logits, int64_t n, i
 // One block per row; ties to the lower index.
 __global__ void argmax_rows_kernel(const float* __restrict__ logits, int64_t V,
                                    int32_t* __restrict__ out, float* __restrict__ prob) {
+  pdl_enter();
   __shared__ float sv[256];
   __shared__ int si[256];
   const float* l = logits + blockIdx.x * V;
@@ -968,6 +1032,7 @@ __global__ void argmax_rows_kernel(const float* __restrict__ logits, int64_t V,
 constexpr int64_t kArgmaxChunk = 2048;
 __global__ void argmax_part_kernel(const float* __restrict__ logits, int64_t V, bool want_sum,
                                    float* __restrict__ part) {
+  pdl_enter();
   __shared__ float sv[256];
   __shared__ int si[256];
   const float* l = logits + blockIdx.y * V;
@@ -1007,6 +1072,7 @@ __global__ void argmax_part_kernel(const float* __restrict__ logits, int64_t V, 
 // index), and sum_b s_b exp(m_b - max) in chunk order.
 __global__ void argmax_join_kernel(const float* __restrict__ part, int64_t n, int64_t B,
                                    int32_t* __restrict__ out, float* __restrict__ prob) {
+  pdl_enter();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= n) return;
   const float* p = part + row * B * 3;
@@ -1029,6 +1095,7 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
 template <class T>
 __global__ void fill_uniform_kernel(T* __restrict__ p, int64_t n, uint64_t seed, float scale,
                                     float offset) {
+  pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint64_t z = mix64(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i));
@@ -1043,11 +1110,13 @@ __global__ void fill_uniform_kernel(T* __restrict__ p, int64_t n, uint64_t seed,
 
 __global__ void mul_sigmoid_kernel(float* __restrict__ x, const float* __restrict__ gate,
                                    int64_t n) {
+  pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] *= 1.0f / (1.0f + expf(-gate[i]));
 }
 
 __global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, int64_t n) {
+  pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] += x[i];
 }
@@ -1057,6 +1126,7 @@ __global__ void split_qkvz_kernel(const float* __restrict__ P, const float* __re
                                   int64_t Hk, int64_t Dk, int64_t r, int64_t Dv,
                                   float* __restrict__ xc, float* __restrict__ z,
                                   float* __restrict__ b, float* __restrict__ a) {
+  pdl_enter();
   const int64_t t = blockIdx.x, G = 2 * Dk + 2 * r * Dv, kd = Hk * Dk, Hv = Hk * r;
   const int64_t C = 2 * kd + Hv * Dv;
   for (int64_t i = threadIdx.x; i < Hk * G; i += blockDim.x) {
@@ -1089,6 +1159,7 @@ __global__ void split_qkvz_gates_kernel(const float* __restrict__ PB, int64_t Hk
                                         const float* __restrict__ neg_exp_a, float* __restrict__ xc,
                                         float* __restrict__ z, float* __restrict__ beta,
                                         float* __restrict__ g) {
+  pdl_enter();
   const int64_t t = blockIdx.x, grp = blockIdx.y, G = 2 * Dk + 2 * r * Dv, kd = Hk * Dk;
   const int64_t Hv = Hk * r, C = 2 * kd + Hv * Dv, W = Hk * G + Hk * 2 * r;
   const float* P = PB + t * W + grp * G;
@@ -1117,6 +1188,7 @@ __global__ void gdn_gates_kernel(const float* __restrict__ b, const float* __res
                                  const float* __restrict__ dt_bias,
                                  const float* __restrict__ neg_exp_a, int64_t n, int64_t Hv,
                                  float* __restrict__ beta, float* __restrict__ g) {
+  pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * Hv) return;
   const int64_t h = i % Hv;
@@ -1127,6 +1199,7 @@ __global__ void gdn_gates_kernel(const float* __restrict__ b, const float* __res
 
 __global__ void gather_rows_kernel(const float* __restrict__ x, const int32_t* __restrict__ idx,
                                    int64_t dim, float* __restrict__ y) {
+  pdl_enter();
   const float* src = x + static_cast<int64_t>(idx[blockIdx.x]) * dim;
   float* dst = y + blockIdx.x * dim;
   for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dst[d] = src[d];
@@ -1134,6 +1207,7 @@ __global__ void gather_rows_kernel(const float* __restrict__ x, const int32_t* _
 
 // Segment blockIdx.y, strided over the blocks of x: float4 when both ends allow it.
 __global__ void copy_segments_kernel(const uint64_t* __restrict__ segs) {
+  pdl_enter();
   float* dst = reinterpret_cast<float*>(segs[3 * blockIdx.y]);
   const float* src = reinterpret_cast<const float*>(segs[3 * blockIdx.y + 1]);
   const int64_t n = static_cast<int64_t>(segs[3 * blockIdx.y + 2]);
@@ -1151,12 +1225,14 @@ __global__ void copy_segments_kernel(const uint64_t* __restrict__ segs) {
 
 // Row blockIdx.x between a contiguous [n, dim] block and per-row pointers (null: skipped).
 __global__ void store_rows_kernel(const float* __restrict__ x, int64_t dim, float* const* dst) {
+  pdl_enter();
   float* d = dst[blockIdx.x];
   if (d == nullptr) return;
   const float* src = x + blockIdx.x * dim;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) d[i] = src[i];
 }
 __global__ void load_rows_kernel(const float* const* src, int64_t dim, float* __restrict__ y) {
+  pdl_enter();
   const float* s = src[blockIdx.x];
   float* d = y + blockIdx.x * dim;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) d[i] = s[i];
@@ -1166,6 +1242,7 @@ __global__ void scatter_add_scaled_kernel(const float* __restrict__ x,
                                           const int32_t* __restrict__ idx,
                                           const float* __restrict__ w, int64_t dim,
                                           float* __restrict__ y) {
+  pdl_enter();
   float* dst = y + static_cast<int64_t>(idx[blockIdx.x]) * dim;
   const float* src = x + blockIdx.x * dim;
   const float wi = w[blockIdx.x];
@@ -1174,6 +1251,7 @@ __global__ void scatter_add_scaled_kernel(const float* __restrict__ x,
 
 __global__ void add_gated_kernel(const float* __restrict__ s, const float* __restrict__ gate,
                                  int64_t dim, float* __restrict__ y) {
+  pdl_enter();
   const float gs = 1.0f / (1.0f + expf(-gate[blockIdx.x]));
   const float* src = s + blockIdx.x * dim;
   float* dst = y + blockIdx.x * dim;
@@ -1189,7 +1267,7 @@ unsigned blocks_for(int64_t n, unsigned threads) {
 void rmsnorm_zc(const float* x, const float* w, int64_t n, int64_t dim, float eps, float* y,
                 cudaStream_t stream) {
   if (n == 0) return;
-  rmsnorm_zc_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, w, dim, eps, y);
+  launch(rmsnorm_zc_kernel, static_cast<unsigned>(n), kNormThreads, 0, stream, x, w, dim, eps, y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1212,18 +1290,18 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
     case DType::kBF16: {
       const auto* wb = static_cast<const __nv_bfloat16*>(w);
       if (one)
-        matmul_kernel<__nv_bfloat16, 1><<<grid, threads, 0, stream>>>(wb, rows, cols, x, n, y);
+        launch(matmul_kernel<__nv_bfloat16, 1>, grid, threads, 0, stream, wb, rows, cols, x, n, y);
       else
-        matmul_kernel<__nv_bfloat16, kTokTile>
-            <<<grid, threads, 0, stream>>>(wb, rows, cols, x, n, y);
+        launch(matmul_kernel<__nv_bfloat16, kTokTile>, grid, threads, 0, stream, wb, rows, cols, x,
+               n, y);
       break;
     }
     case DType::kF32: {
       const auto* wf = static_cast<const float*>(w);
       if (one)
-        matmul_kernel<float, 1><<<grid, threads, 0, stream>>>(wf, rows, cols, x, n, y);
+        launch(matmul_kernel<float, 1>, grid, threads, 0, stream, wf, rows, cols, x, n, y);
       else
-        matmul_kernel<float, kTokTile><<<grid, threads, 0, stream>>>(wf, rows, cols, x, n, y);
+        launch(matmul_kernel<float, kTokTile>, grid, threads, 0, stream, wf, rows, cols, x, n, y);
       break;
     }
     default:
@@ -1245,14 +1323,13 @@ void expert_gate_up(DType wtype, const void* wg, const void* wu, int64_t I, int6
   const unsigned threads = kWarpsPerBlock * kWarp;
   if (wtype == DType::kBF16) {
     using B = __nv_bfloat16;
-    expert_gate_up_kernel<<<grid, threads, 0, stream>>>(
-        static_cast<const B*>(wg), static_cast<const B*>(wu), static_cast<const B*>(shared_g),
-        static_cast<const B*>(shared_u), I, H, experts, k, x, h);
+    launch(expert_gate_up_kernel<B>, grid, threads, 0, stream, static_cast<const B*>(wg),
+           static_cast<const B*>(wu), static_cast<const B*>(shared_g),
+           static_cast<const B*>(shared_u), I, H, experts, k, x, h);
   } else if (wtype == DType::kF32) {
-    expert_gate_up_kernel<<<grid, threads, 0, stream>>>(
-        static_cast<const float*>(wg), static_cast<const float*>(wu),
-        static_cast<const float*>(shared_g), static_cast<const float*>(shared_u), I, H, experts, k,
-        x, h);
+    launch(expert_gate_up_kernel<float>, grid, threads, 0, stream, static_cast<const float*>(wg),
+           static_cast<const float*>(wu), static_cast<const float*>(shared_g),
+           static_cast<const float*>(shared_u), I, H, experts, k, x, h);
   } else {
     TF_CUDA_REQUIRE(false, "expert_gate_up: bf16 or f32 weights");
   }
@@ -1271,12 +1348,12 @@ void expert_down(DType wtype, const void* wd, int64_t H, int64_t I, const int32_
                   static_cast<unsigned>(n * kk));
   const unsigned threads = kWarpsPerBlock * kWarp;
   if (wtype == DType::kBF16)
-    expert_down_kernel<<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(wd),
-                                                     static_cast<const __nv_bfloat16*>(shared_d), H,
-                                                     I, experts, k, h, o);
+    launch(expert_down_kernel<__nv_bfloat16>, grid, threads, 0, stream,
+           static_cast<const __nv_bfloat16*>(wd), static_cast<const __nv_bfloat16*>(shared_d), H, I,
+           experts, k, h, o);
   else if (wtype == DType::kF32)
-    expert_down_kernel<<<grid, threads, 0, stream>>>(
-        static_cast<const float*>(wd), static_cast<const float*>(shared_d), H, I, experts, k, h, o);
+    launch(expert_down_kernel<float>, grid, threads, 0, stream, static_cast<const float*>(wd),
+           static_cast<const float*>(shared_d), H, I, experts, k, h, o);
   else
     TF_CUDA_REQUIRE(false, "expert_down: bf16 or f32 weights");
   TF_CUDA_CHECK(cudaGetLastError());
@@ -1289,8 +1366,8 @@ int64_t moe_max_tiles(int64_t n, int64_t k, int64_t E) {
 void moe_group(const int32_t* experts, int64_t n, int64_t k, int64_t E, int32_t* sorted,
                void* tiles, int32_t* n_tiles, cudaStream_t stream) {
   if (n == 0) return;
-  moe_group_kernel<<<1, kGroupThreads, 0, stream>>>(experts, n * k, E, sorted,
-                                                    static_cast<int4*>(tiles), n_tiles);
+  launch(moe_group_kernel, 1, kGroupThreads, 0, stream, experts, n * k, E, sorted,
+         static_cast<int4*>(tiles), n_tiles);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1310,16 +1387,15 @@ void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd
   const int4* tl = static_cast<const int4*>(tiles);
   if (wtype == DType::kBF16) {
     using B = __nv_bfloat16;
-    grouped_gate_up_kernel<<<g1, threads, 0, stream>>>(
-        static_cast<const B*>(wg), static_cast<const B*>(wu), I, H, k, sorted, tl, n_tiles, x, h);
-    grouped_down_kernel<<<g2, threads, 0, stream>>>(static_cast<const B*>(wd), H, I, sorted, tl,
-                                                    n_tiles, h, o);
+    launch(grouped_gate_up_kernel<B>, g1, threads, 0, stream, static_cast<const B*>(wg),
+           static_cast<const B*>(wu), I, H, k, sorted, tl, n_tiles, x, h);
+    launch(grouped_down_kernel<B>, g2, threads, 0, stream, static_cast<const B*>(wd), H, I, sorted,
+           tl, n_tiles, h, o);
   } else if (wtype == DType::kF32) {
-    grouped_gate_up_kernel<<<g1, threads, 0, stream>>>(static_cast<const float*>(wg),
-                                                       static_cast<const float*>(wu), I, H, k,
-                                                       sorted, tl, n_tiles, x, h);
-    grouped_down_kernel<<<g2, threads, 0, stream>>>(static_cast<const float*>(wd), H, I, sorted, tl,
-                                                    n_tiles, h, o);
+    launch(grouped_gate_up_kernel<float>, g1, threads, 0, stream, static_cast<const float*>(wg),
+           static_cast<const float*>(wu), I, H, k, sorted, tl, n_tiles, x, h);
+    launch(grouped_down_kernel<float>, g2, threads, 0, stream, static_cast<const float*>(wd), H, I,
+           sorted, tl, n_tiles, h, o);
   } else {
     TF_CUDA_REQUIRE(false, "grouped_experts: bf16 or f32 weights");
   }
@@ -1332,7 +1408,8 @@ void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t
   TF_CUDA_REQUIRE(k <= 64, "moe_combine: at most 64 experts per token");
   if (n == 0) return;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((H + 255) / 256));
-  moe_combine_kernel<<<grid, 256, 0, stream>>>(o, experts, w, k, H, shared, shared_in_o, gate, y);
+  launch(moe_combine_kernel, grid, 256, 0, stream, o, experts, w, k, H, shared, shared_in_o, gate,
+         y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1343,31 +1420,31 @@ void attn_prep(const float* qkv, int64_t n, int64_t n_heads, int64_t n_kv, int64
   TF_CUDA_REQUIRE(D <= 1024 && rotary_dim <= D, "attn_prep: head_dim above 1024");
   if (n == 0) return;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(n_heads + n_kv));
-  attn_prep_kernel<<<grid, kNormThreads, 0, stream>>>(qkv, n_heads, n_kv, D, rotary_dim / 2, q_norm,
-                                                      k_norm, eps, inv_freq, pos, q, gate, kc, vc);
+  launch(attn_prep_kernel, grid, kNormThreads, 0, stream, qkv, n_heads, n_kv, D, rotary_dim / 2,
+         q_norm, k_norm, eps, inv_freq, pos, q, gate, kc, vc);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void l2norm_scale_qk(float* x, int64_t n_q, int64_t n_k, int64_t dim, float eps, float q_scale,
                      cudaStream_t stream) {
   if (n_q + n_k == 0) return;
-  l2norm_scale_kernel<<<static_cast<unsigned>(n_q + n_k), kNormThreads, 0, stream>>>(
-      x, dim, eps, q_scale, n_q, 1.0f);
+  launch(l2norm_scale_kernel, static_cast<unsigned>(n_q + n_k), kNormThreads, 0, stream, x, dim,
+         eps, q_scale, n_q, 1.0f);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_rmsnorm_zc(float* x, const float* r, const float* w, int64_t n, int64_t dim, float eps,
                     float* xn, cudaStream_t stream) {
   if (n == 0) return;
-  add_rmsnorm_zc_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, r, w, dim, eps,
-                                                                               xn);
+  launch(add_rmsnorm_zc_kernel, static_cast<unsigned>(n), kNormThreads, 0, stream, x, r, w, dim,
+         eps, xn);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void kv_append(const float* k, const float* v, int64_t n, int64_t row, const int64_t* pos,
                float* const* kc, float* const* vc, cudaStream_t stream) {
   if (n == 0) return;
-  kv_append_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(k, v, row, pos, kc, vc);
+  launch(kv_append_kernel, static_cast<unsigned>(n), 256, 0, stream, k, v, row, pos, kc, vc);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1377,7 +1454,8 @@ void conv_silu_seqs(const float* xc, const int32_t* starts, float* const* state,
   TF_CUDA_REQUIRE(K >= 1 && K <= kMaxConv, "conv_silu_seqs: kernel width 1..8");
   if (nseq == 0) return;
   const dim3 grid(static_cast<unsigned>((C + 127) / 128), static_cast<unsigned>(nseq));
-  conv_silu_seqs_kernel<<<grid, 128, 0, stream>>>(xc, starts, state, hist, w, C, K, kd, q, k, v);
+  launch(conv_silu_seqs_kernel, grid, 128, 0, stream, xc, starts, state, hist, w, C, K, kd, q, k,
+         v);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1390,8 +1468,8 @@ void delta_rule_seqs(const float* q, const float* k, const float* v, const float
                   "delta rule: Dk must be a multiple of 4, at most 128");
   const dim3 grid(static_cast<unsigned>(Hv * ((Dv + kWarp - 1) / kWarp)),
                   static_cast<unsigned>(nseq));
-  delta_rule_seqs_kernel<<<grid, kDeltaWarps * kWarp, 0, stream>>>(q, k, v, g, beta, starts, S,
-                                                                   S_hist, Hk, Hv, Dk, Dv, out);
+  launch(delta_rule_seqs_kernel, grid, kDeltaWarps * kWarp, 0, stream, q, k, v, g, beta, starts, S,
+         S_hist, Hk, Hv, Dk, Dv, out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1399,12 +1477,12 @@ void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaSt
                  float* prob, float* work) {
   if (n == 0) return;
   if (work == nullptr) {
-    argmax_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(logits, V, out, prob);
+    launch(argmax_rows_kernel, static_cast<unsigned>(n), 256, 0, stream, logits, V, out, prob);
   } else {
     const int64_t B = (V + kArgmaxChunk - 1) / kArgmaxChunk;
-    argmax_part_kernel<<<dim3(static_cast<unsigned>(B), static_cast<unsigned>(n)), 256, 0,
-                         stream>>>(logits, V, prob != nullptr, work);
-    argmax_join_kernel<<<blocks_for(n, 128), 128, 0, stream>>>(work, n, B, out, prob);
+    launch(argmax_part_kernel, dim3(static_cast<unsigned>(B), static_cast<unsigned>(n)), 256, 0,
+           stream, logits, V, prob != nullptr, work);
+    launch(argmax_join_kernel, blocks_for(n, 128), 128, 0, stream, work, n, B, out, prob);
   }
   TF_CUDA_CHECK(cudaGetLastError());
 }
@@ -1418,10 +1496,11 @@ void fill_uniform(DType dtype, void* p, int64_t n, uint64_t seed, float scale, f
   if (n == 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536));
   if (dtype == DType::kBF16)
-    fill_uniform_kernel<<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p), n, seed, scale,
-                                                    offset);
+    launch(fill_uniform_kernel<__nv_bfloat16>, blocks, 256, 0, stream,
+           static_cast<__nv_bfloat16*>(p), n, seed, scale, offset);
   else if (dtype == DType::kF32)
-    fill_uniform_kernel<<<blocks, 256, 0, stream>>>(static_cast<float*>(p), n, seed, scale, offset);
+    launch(fill_uniform_kernel<float>, blocks, 256, 0, stream, static_cast<float*>(p), n, seed,
+           scale, offset);
   else
     TF_CUDA_REQUIRE(false, "fill_uniform: bf16 or f32");
   TF_CUDA_CHECK(cudaGetLastError());
@@ -1430,15 +1509,15 @@ void fill_uniform(DType dtype, void* p, int64_t n, uint64_t seed, float scale, f
 void silu_mul(const float* g, const float* u, int64_t n, float* y, cudaStream_t stream) {
   if (n == 0) return;
   const unsigned threads = 256;
-  silu_mul_kernel<<<blocks_for(n, threads), threads, 0, stream>>>(g, u, n, y);
+  launch(silu_mul_kernel, blocks_for(n, threads), threads, 0, stream, g, u, n, y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void rope_neox(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rotary_dim,
                const float* inv_freq, const int64_t* pos, cudaStream_t stream) {
   if (T == 0) return;
-  rope_neox_kernel<<<static_cast<unsigned>(T), 128, 0, stream>>>(x, n_heads, head_dim,
-                                                                 rotary_dim / 2, inv_freq, pos);
+  launch(rope_neox_kernel, static_cast<unsigned>(T), 128, 0, stream, x, n_heads, head_dim,
+         rotary_dim / 2, inv_freq, pos);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1447,32 +1526,33 @@ void embed_rows(DType etype, const void* embed, int64_t dim, const int32_t* ids,
   if (n == 0) return;
   TF_CUDA_REQUIRE(etype == DType::kBF16 || etype == DType::kF32, "embed_rows: bf16 or f32");
   if (etype == DType::kBF16)
-    embed_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(embed), dim, ids, y);
+    launch(embed_rows_kernel<__nv_bfloat16>, static_cast<unsigned>(n), 256, 0, stream,
+           static_cast<const __nv_bfloat16*>(embed), dim, ids, y);
   else
-    embed_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(
-        static_cast<const float*>(embed), dim, ids, y);
+    launch(embed_rows_kernel<float>, static_cast<unsigned>(n), 256, 0, stream,
+           static_cast<const float*>(embed), dim, ids, y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void rmsnorm_gated(const float* x, const float* z, const float* w, int64_t n, int64_t dim,
                    float eps, float* y, cudaStream_t stream) {
   if (n == 0) return;
-  rmsnorm_gated_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, z, w, dim, eps, y);
+  launch(rmsnorm_gated_kernel, static_cast<unsigned>(n), kNormThreads, 0, stream, x, z, w, dim, eps,
+         y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void l2norm_scale(float* x, int64_t n, int64_t dim, float eps, float scale, cudaStream_t stream) {
   if (n == 0) return;
-  l2norm_scale_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, dim, eps, scale, n,
-                                                                             scale);
+  launch(l2norm_scale_kernel, static_cast<unsigned>(n), kNormThreads, 0, stream, x, dim, eps, scale,
+         n, scale);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void causal_conv_silu(const float* in, const float* w, int64_t T, int64_t C, int64_t K, float* out,
                       cudaStream_t stream) {
   if (T * C == 0) return;
-  causal_conv_silu_kernel<<<blocks_for(T * C, 256), 256, 0, stream>>>(in, w, T, C, K, out);
+  launch(causal_conv_silu_kernel, blocks_for(T * C, 256), 256, 0, stream, in, w, T, C, K, out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1483,8 +1563,8 @@ void delta_rule_recurrent(const float* q, const float* k, const float* v, const 
   TF_CUDA_REQUIRE(Dk % kDeltaWarps == 0 && Dk <= kDeltaWarps * kDeltaMaxRows,
                   "delta rule: Dk must be a multiple of 4, at most 128");
   const unsigned blocks = static_cast<unsigned>(Hv * ((Dv + kWarp - 1) / kWarp));
-  delta_rule_recurrent_kernel<<<blocks, kDeltaWarps * kWarp, 0, stream>>>(q, k, v, g, beta, T, Hk,
-                                                                          Hv, Dk, Dv, S, out);
+  launch(delta_rule_recurrent_kernel, blocks, kDeltaWarps * kWarp, 0, stream, q, k, v, g, beta, T,
+         Hk, Hv, Dk, Dv, S, out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1494,8 +1574,8 @@ void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cac
   if (T == 0) return;
   TF_CUDA_REQUIRE(D <= 4 * kAttnTile, "attention: head_dim above 512");
   const size_t smem = (D + kAttnTile + kAttnTile / kWarp) * sizeof(float);
-  attention_kernel<<<static_cast<unsigned>(T * n_heads), kAttnTile, smem, stream>>>(
-      q, pos, k_cache, v_cache, nullptr, nullptr, n_heads, n_kv, D, scale, nullptr, out);
+  launch(attention_kernel, static_cast<unsigned>(T * n_heads), kAttnTile, smem, stream, q, pos,
+         k_cache, v_cache, nullptr, nullptr, n_heads, n_kv, D, scale, nullptr, out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1505,36 +1585,36 @@ void attention_table(const float* q, int64_t T, const int64_t* pos, const float*
   if (T == 0) return;
   TF_CUDA_REQUIRE(D <= 4 * kAttnTile, "attention: head_dim above 512");
   const size_t smem = (D + kAttnTile + kAttnTile / kWarp) * sizeof(float);
-  attention_kernel<<<static_cast<unsigned>(T * n_heads), kAttnTile, smem, stream>>>(
-      q, pos, nullptr, nullptr, kc, vc, n_heads, n_kv, D, scale, gate, out);
+  launch(attention_kernel, static_cast<unsigned>(T * n_heads), kAttnTile, smem, stream, q, pos,
+         nullptr, nullptr, kc, vc, n_heads, n_kv, D, scale, gate, out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void route_topk(const float* logits, int64_t n, int64_t E, int64_t k, bool renorm, int32_t* experts,
                 float* weights, cudaStream_t stream) {
   if (n == 0) return;
-  route_topk_kernel<<<static_cast<unsigned>((n + 3) / 4), 4 * kWarp, 0, stream>>>(
-      logits, n, E, k, renorm, experts, weights);
+  launch(route_topk_kernel, static_cast<unsigned>((n + 3) / 4), 4 * kWarp, 0, stream, logits, n, E,
+         k, renorm, experts, weights);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  mul_sigmoid_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, gate, n);
+  launch(mul_sigmoid_kernel, blocks_for(n, 256), 256, 0, stream, x, gate, n);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void add(float* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  add_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
+  launch(add_kernel, blocks_for(n, 256), 256, 0, stream, y, x, n);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void split_qkvz(const float* P, const float* BA, int64_t n, int64_t Hk, int64_t Dk, int64_t r,
                 int64_t Dv, float* xc, float* z, float* b, float* a, cudaStream_t stream) {
   if (n == 0) return;
-  split_qkvz_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(P, BA, Hk, Dk, r, Dv, xc, z, b,
-                                                                  a);
+  launch(split_qkvz_kernel, static_cast<unsigned>(n), 256, 0, stream, P, BA, Hk, Dk, r, Dv, xc, z,
+         b, a);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1542,56 +1622,56 @@ void split_qkvz_gates(const float* PB, int64_t n, int64_t Hk, int64_t Dk, int64_
                       const float* dt_bias, const float* neg_exp_a, float* xc, float* z,
                       float* beta, float* g, cudaStream_t stream) {
   if (n == 0) return;
-  split_qkvz_gates_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(Hk)), 256, 0,
-                            stream>>>(PB, Hk, Dk, r, Dv, dt_bias, neg_exp_a, xc, z, beta, g);
+  launch(split_qkvz_gates_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(Hk)), 256, 0,
+         stream, PB, Hk, Dk, r, Dv, dt_bias, neg_exp_a, xc, z, beta, g);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void gdn_gates(const float* b, const float* a, const float* dt_bias, const float* neg_exp_a,
                int64_t n, int64_t Hv, float* beta, float* g, cudaStream_t stream) {
   if (n == 0) return;
-  gdn_gates_kernel<<<blocks_for(n * Hv, 256), 256, 0, stream>>>(b, a, dt_bias, neg_exp_a, n, Hv,
-                                                                beta, g);
+  launch(gdn_gates_kernel, blocks_for(n * Hv, 256), 256, 0, stream, b, a, dt_bias, neg_exp_a, n, Hv,
+         beta, g);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void copy_segments(const uint64_t* segs, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   TF_CUDA_REQUIRE(n <= 65535, "copy_segments: too many segments in one launch");
-  copy_segments_kernel<<<dim3(32, static_cast<unsigned>(n)), 256, 0, stream>>>(segs);
+  launch(copy_segments_kernel, dim3(32, static_cast<unsigned>(n)), 256, 0, stream, segs);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void store_rows(const float* x, int64_t n, int64_t dim, float* const* dst, cudaStream_t stream) {
   if (n == 0) return;
-  store_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, dim, dst);
+  launch(store_rows_kernel, static_cast<unsigned>(n), 256, 0, stream, x, dim, dst);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void load_rows(const float* const* src, int64_t n, int64_t dim, float* y, cudaStream_t stream) {
   if (n == 0) return;
-  load_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(src, dim, y);
+  launch(load_rows_kernel, static_cast<unsigned>(n), 256, 0, stream, src, dim, y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void gather_rows(const float* x, const int32_t* idx, int64_t n, int64_t dim, float* y,
                  cudaStream_t stream) {
   if (n == 0) return;
-  gather_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, idx, dim, y);
+  launch(gather_rows_kernel, static_cast<unsigned>(n), 256, 0, stream, x, idx, dim, y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void scatter_add_scaled(const float* x, const int32_t* idx, const float* w, int64_t n, int64_t dim,
                         float* y, cudaStream_t stream) {
   if (n == 0) return;
-  scatter_add_scaled_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, idx, w, dim, y);
+  launch(scatter_add_scaled_kernel, static_cast<unsigned>(n), 256, 0, stream, x, idx, w, dim, y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_gated(const float* s, const float* gate, int64_t n, int64_t dim, float* y,
                cudaStream_t stream) {
   if (n == 0) return;
-  add_gated_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(s, gate, dim, y);
+  launch(add_gated_kernel, static_cast<unsigned>(n), 256, 0, stream, s, gate, dim, y);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
