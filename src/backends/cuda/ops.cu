@@ -134,12 +134,12 @@ struct Raw8<float> {
   }
 };
 
-// The dots of one weight row `wr` [cols] with kT token rows x + u xs (u < nt), for the calling
+// The dots of one weight row `wr` [cols] with kT token rows xrow(u) (u < nt), for the calling
 // warp; every lane gets the totals. Lane l sums k = 8 l + 256 j + i in order of j then i (four
 // chunks' weight loads issued before their FMAs, which keeps that order), then the xor tree.
-template <int kT, class W>
-__device__ __forceinline__ void warp_dots(const W* __restrict__ wr, int64_t cols,
-                                          const float* __restrict__ x, int64_t xs, int nt,
+// xrow: a device callable int -> const float* (rows at a stride, or from a table of pointers).
+template <int kT, class W, class XRow>
+__device__ __forceinline__ void warp_dots(const W* __restrict__ wr, int64_t cols, XRow xrow, int nt,
                                           float (&acc)[kT]) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
@@ -156,7 +156,7 @@ __device__ __forceinline__ void warp_dots(const W* __restrict__ wr, int64_t cols
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         float xv[8];
-        load8(x + u * xs + k + c * kStride, xv);
+        load8(xrow(u) + k + c * kStride, xv);
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[u] = fmaf(wv[c][i], xv[i], acc[u]);
       }
@@ -169,7 +169,7 @@ __device__ __forceinline__ void warp_dots(const W* __restrict__ wr, int64_t cols
     for (int u = 0; u < kT; ++u) {
       if (u >= nt) break;
       float xv[8];
-      load8(x + u * xs + k, xv);
+      load8(xrow(u) + k, xv);
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[u] = fmaf(wv[i], xv[i], acc[u]);
     }
@@ -271,8 +271,10 @@ __global__ void expert_gate_up_kernel(const W* __restrict__ wg, const W* __restr
   const bool sh = sg && j == k;
   const int64_t e = experts && !sh ? experts[t * k + j] : 0;
   float g[1], u[1];
-  warp_dots<1>((sh ? sg : wg) + (e * I + i) * H, H, x + t * H, H, 1, g);
-  warp_dots<1>((sh ? su : wu) + (e * I + i) * H, H, x + t * H, H, 1, u);
+  const float* xt = x + t * H;
+  auto row = [xt](int) { return xt; };
+  warp_dots<1>((sh ? sg : wg) + (e * I + i) * H, H, row, 1, g);
+  warp_dots<1>((sh ? su : wu) + (e * I + i) * H, H, row, 1, u);
   if (threadIdx.x % kWarp == 0) h[slot * I + i] = g[0] / (1.0f + expf(-g[0])) * u[0];
 }
 
@@ -287,50 +289,9 @@ __global__ void expert_down_kernel(const W* __restrict__ wd, const W* __restrict
   const bool sh = sd && j == k;
   const int64_t e = experts && !sh ? experts[t * k + j] : 0;
   float acc[1];
-  warp_dots<1>((sh ? sd : wd) + (e * H + d) * I, I, h + slot * I, I, 1, acc);
+  const float* hs = h + slot * I;
+  warp_dots<1>((sh ? sd : wd) + (e * H + d) * I, I, [hs](int) { return hs; }, 1, acc);
   if (threadIdx.x % kWarp == 0) o[slot * H + d] = acc[0];
-}
-
-// warp_dots over kT rows given by pointers (rows u >= nt unused): the same per-row arithmetic.
-template <int kT, class W>
-__device__ __forceinline__ void warp_dots_ptr(const W* __restrict__ wr, int64_t cols,
-                                              const float* const (&x)[kT], int nt,
-                                              float (&acc)[kT]) {
-  const int lane = threadIdx.x % kWarp;
-#pragma unroll
-  for (int u = 0; u < kT; ++u) acc[u] = 0;
-  constexpr int64_t kStride = 8 * kWarp;
-  int64_t k = 8 * lane;
-  for (; k + 3 * kStride < cols; k += 4 * kStride) {
-    float wv[4][8];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) load8(wr + k + c * kStride, wv[c]);
-#pragma unroll
-    for (int u = 0; u < kT; ++u) {
-      if (u >= nt) break;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        float xv[8];
-        load8(x[u] + k + c * kStride, xv);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[u] = fmaf(wv[c][i], xv[i], acc[u]);
-      }
-    }
-  }
-  for (; k < cols; k += kStride) {
-    float wv[8];
-    load8(wr + k, wv);
-#pragma unroll
-    for (int u = 0; u < kT; ++u) {
-      if (u >= nt) break;
-      float xv[8];
-      load8(x[u] + k, xv);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[u] = fmaf(wv[i], xv[i], acc[u]);
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < kT; ++u) acc[u] = warp_sum(acc[u]);
 }
 
 // Groups the n k slots by expert (one block; thread e per expert): sorted [n k] holds the slots
@@ -487,7 +448,8 @@ __global__ void grouped_down_kernel(const W* __restrict__ wd, int64_t H, int64_t
     hr[u] = h + slot[u] * I;
   }
   float acc[kTokTile];
-  warp_dots_ptr<kTokTile>(wd + (tl.x * H + d) * I, I, hr, tl.z, acc);
+  warp_dots<kTokTile>(
+      wd + (tl.x * H + d) * I, I, [&hr](int u) { return hr[u]; }, tl.z, acc);
   if (threadIdx.x % kWarp == 0) {
 #pragma unroll
     for (int u = 0; u < kTokTile; ++u)
