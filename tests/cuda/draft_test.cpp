@@ -5,8 +5,10 @@
 //   - RollbackEqualsPlainState: after a verify step of k+1 tokens, rollback(base + j) leaves
 //     every device buffer (attention caches, conv and recurrent states, the head's cache and
 //     hidden row) as feeding the first j tokens one at a time, for every j; decoding goes on
-//     identically. (Checked to fail on the H200, 2026-12-03: restoring S from the history row of
-//     token j instead of j - 1 in CudaSequenceState::rollback.)
+//     identically. (Checked to fail on the H200, 2026-12-03, twice: restoring S from the history
+//     row of token j instead of j - 1 in CudaSequenceState::rollback, when it restored with one
+//     cudaMemcpyAsync per layer; the same mutant of today's one-launch restore was built but the
+//     device time ran out before it ran.)
 //   - DraftIsPureAndBatchInvariant: draft() leaves the state as it was; its tokens,
 //     probabilities and logits are the same alone or batched with rows of other depths; the gate.
 //   - DraftMatchesCpuHead: the device head's draft logits are within a relative L2 of 1e-4 of the
