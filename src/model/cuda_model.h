@@ -6,9 +6,11 @@
 // on the device (route_topk, then expert kernels that read the expert ids from device memory),
 // the attention caches and the Gated DeltaNet states are reached through per-step pointer tables
 // (uploaded with the token ids and positions in one copy), so one launch serves every sequence.
-// A decode step (every input one token, last-token logits) of N rows is captured into a CUDA graph
-// on its first run and replayed afterwards (set_graphs). Every kernel is batch invariant (a row's
-// result does not depend on the other rows of the step), the Gated DeltaNet runs its exact
+// Steps made of decode rows and verify steps (speculative decoding's, StepInput::verify) are
+// captured into a CUDA graph per shape (rows, sequences, logits rows, MTP head kept or not) on
+// their first run and replayed afterwards, and so are draft() calls (set_graphs); the kernels
+// launch with programmatic dependent launch (backends/cuda/ops.cu). Every kernel is batch invariant
+// (a row's result does not depend on the other rows of the step), the Gated DeltaNet runs its exact
 // recurrence for prompts too (split-invariant), and the experts of a token are summed in ascending
 // index order, as on the CPU.
 #pragma once
