@@ -678,25 +678,29 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
     const int64_t T = static_cast<int64_t>(i.tokens.size());
     starts[q] = static_cast<int32_t>(t);
     CudaSequenceState& st = *i.state;
+    // The first row of the mtp_hidden region this step writes: the one not holding last_hidden.
+    const int64_t region = st.last_hidden >= st.hidden_cap ? 0 : st.hidden_cap;
     for (int64_t u = 0; u < T; ++u) {
       ids[t + u] = i.tokens[u];
       pos[t + u] = i.state->n_past + u;
       if (u == T - 1 || i.all_logits || i.verify) rows[r++] = static_cast<int32_t>(t + u);
-      // The head's row of this token: position p = n_past + u - 1, from (H[p], x[p + 1]).
-      const float* dummy = mtp_dummy_.data();
-      host_table_[ht.mtp_kc + t + u] = addr(dummy);
-      host_table_[ht.mtp_vc + t + u] = addr(dummy);
-      host_table_[ht.mtp_src + t + u] = addr(dummy);
+      // The head's row of this token (steps that keep the head only): position p = n_past + u -
+      // 1, from (H[p], x[p + 1]); on mtp_dummy_ where there is none.
+      if (mtp && !(st.has_mtp && st.n_past + u > 0)) {
+        const float* dummy = mtp_dummy_.data();
+        host_table_[ht.mtp_kc + t + u] = addr(dummy);
+        host_table_[ht.mtp_vc + t + u] = addr(dummy);
+        host_table_[ht.mtp_src + t + u] = addr(dummy);
+      }
       if (st.has_mtp) {
-        const int64_t w = st.last_hidden >= st.hidden_cap ? 0 : st.hidden_cap;  // H's region
         const float* hid = st.mtp_hidden.data();
-        host_table_[ht.hid + t + u] = addr(hid + (w + u) * H);
+        host_table_[ht.hid + t + u] = addr(hid + (region + u) * H);
         if (st.n_past + u > 0) {
           ht.at<int64_t>(ht.mtp_pos)[t + u] = st.n_past + u - 1;
           host_table_[ht.mtp_kc + t + u] = addr(st.mtp.k.data());
           host_table_[ht.mtp_vc + t + u] = addr(st.mtp.v.data());
           host_table_[ht.mtp_src + t + u] =
-              addr(u == 0 ? hid + st.last_hidden * H : hid + (w + u - 1) * H);
+              addr(u == 0 ? hid + st.last_hidden * H : hid + (region + u - 1) * H);
         }
       }
       for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
@@ -721,10 +725,7 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
       }
     }
     if (i.verify && T > 0) st.verify_base = st.n_past, st.verify_T = T;
-    if (st.has_mtp && T > 0) {
-      st.step_rows = st.last_hidden >= st.hidden_cap ? 0 : st.hidden_cap;
-      st.last_hidden = st.step_rows + T - 1;
-    }
+    if (st.has_mtp && T > 0) st.step_rows = region, st.last_hidden = region + T - 1;
     t += T;
   }
   starts[nseq] = static_cast<int32_t>(t);

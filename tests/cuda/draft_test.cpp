@@ -58,21 +58,12 @@ class DraftOnDevice : public testing::TinyNextOnDevice {
     for (auto& x : t) x = static_cast<int32_t>(rng() % V_);
     return t;
   }
-  SequenceState prefilled(const Model& m, const std::vector<int32_t>& prompt,
-                          std::vector<float>* logits = nullptr) const {
-    SequenceState st = m.new_state(nullptr, true);
-    std::vector<float> l;
-    StepInput in{&st, prompt, false};
-    m.forward({&in, 1}, logits ? logits : &l, nullptr);
-    return st;
+  static SequenceState prefilled(const Model& m, const std::vector<int32_t>& prompt,
+                                 std::vector<float>* logits = nullptr) {
+    return testing::prefilled(m, prompt, logits);
   }
   std::vector<float> decode(SequenceState* st, std::span<const int32_t> toks) const {
-    std::vector<float> rows;
-    for (const int32_t& t : toks) {
-      StepInput in{st, {&t, 1}, false};
-      gpu_->forward({&in, 1}, &rows, nullptr);
-    }
-    return rows;
+    return testing::decode_each(*gpu_, st, toks);
   }
   // Every valid float of a device state: the caches' rows, the conv and recurrent states, the
   // MTP head's n_past - 1 cache rows and H[n_past - 1].

@@ -16,6 +16,28 @@
 
 namespace tf::testing {
 
+// A state of `m` (with the MTP head's part) fed `prompt` in one prefill; its logits appended to
+// *logits when given.
+inline SequenceState prefilled(const Model& m, const std::vector<int32_t>& prompt,
+                               std::vector<float>* logits = nullptr, ThreadPool* pool = nullptr) {
+  SequenceState st = m.new_state(nullptr, true);
+  std::vector<float> l;
+  StepInput in{&st, prompt, false};
+  m.forward({&in, 1}, logits ? logits : &l, pool);
+  return st;
+}
+
+// Feeds toks one token per step; returns each step's logits row.
+inline std::vector<float> decode_each(const Model& m, SequenceState* st,
+                                      std::span<const int32_t> toks) {
+  std::vector<float> rows;
+  for (const int32_t& t : toks) {
+    StepInput in{st, {&t, 1}, false};
+    m.forward({&in, 1}, &rows, nullptr);
+  }
+  return rows;
+}
+
 // Compares two states bit for bit (the backend's own reading of "every buffer").
 using SameState = std::function<::testing::AssertionResult(SequenceState&, SequenceState&)>;
 

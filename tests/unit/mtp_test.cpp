@@ -75,23 +75,12 @@ class MtpTest : public ::testing::TestWithParam<CkptCase> {
     for (auto& x : t) x = static_cast<int32_t>(rng() % V_);
     return t;
   }
-  // A state (with the MTP head's part) fed `prompt` in one prefill.
   SequenceState prefilled(const std::vector<int32_t>& prompt, std::vector<float>* logits = nullptr,
                           ThreadPool* pool = nullptr) const {
-    SequenceState st = model_->new_state(nullptr, true);
-    std::vector<float> l;
-    StepInput in{&st, prompt, false};
-    model_->forward({&in, 1}, logits ? logits : &l, pool);
-    return st;
+    return testing::prefilled(*model_, prompt, logits, pool);
   }
-  // Feeds toks one token per step; returns each step's logits row.
   std::vector<float> decode(SequenceState* st, std::span<const int32_t> toks) const {
-    std::vector<float> rows;
-    for (const int32_t& t : toks) {
-      StepInput in{st, {&t, 1}, false};
-      model_->forward({&in, 1}, &rows, nullptr);
-    }
-    return rows;
+    return testing::decode_each(*model_, st, toks);
   }
   // Greedy tokens by plain one-token steps, the reference for drafted decoding.
   std::vector<int32_t> plain_greedy(const std::vector<int32_t>& prompt, int n) const {

@@ -949,56 +949,11 @@ __global__ void route_topk_kernel(const float* __restrict__ logits, int64_t n, i
   if (lane + kWarp < k) ex[lane + kWarp] = i1, wt[lane + kWarp] = renorm ? p1 / wsum : p1;
 }
 
-// One block per row; ties to the lower index.
-__global__ void argmax_rows_kernel(const float* __restrict__ logits, int64_t V,
-                                   int32_t* __restrict__ out, float* __restrict__ prob) {
-  pdl_enter();
-  __shared__ float sv[256];
-  __shared__ int si[256];
-  const float* l = logits + blockIdx.x * V;
-  float bv = -INFINITY;
-  int bi = -1;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x)
-    if (bi < 0 || l[i] > bv) bv = l[i], bi = static_cast<int>(i);
-  sv[threadIdx.x] = bv, si[threadIdx.x] = bi;
-  __syncthreads();
-  for (int o = blockDim.x / 2; o > 0; o /= 2) {
-    if (threadIdx.x < o) {
-      const float ov = sv[threadIdx.x + o];
-      const int oi = si[threadIdx.x + o];
-      if (oi >= 0 && (si[threadIdx.x] < 0 || ov > sv[threadIdx.x] ||
-                      (ov == sv[threadIdx.x] && oi < si[threadIdx.x])))
-        sv[threadIdx.x] = ov, si[threadIdx.x] = oi;
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[blockIdx.x] = si[0];
-  if (prob == nullptr) return;
-  // softmax probability of the argmax: 1 / sum_i exp(l_i - max), per-thread sums then a tree.
-  const float mx = sv[0];
-  __syncthreads();
-  float sum = 0;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) sum += expf(l[i] - mx);
-  sv[threadIdx.x] = sum;
-  __syncthreads();
-  for (int o = blockDim.x / 2; o > 0; o /= 2) {
-    if (threadIdx.x < o) sv[threadIdx.x] += sv[threadIdx.x + o];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) prob[blockIdx.x] = 1.0f / sv[0];
-}
-
-// Two stages for long rows (argmax_rows with `work`). Stage 1, block (b, row): the chunk
-// [b c, (b + 1) c) of the row, c = kArgmaxChunk: its max, the lowest index holding it, and
-// sum exp(l - max) over the chunk, to part[row, b] = {max, index bits, sum}.
-constexpr int64_t kArgmaxChunk = 2048;
-__global__ void argmax_part_kernel(const float* __restrict__ logits, int64_t V, bool want_sum,
-                                   float* __restrict__ part) {
-  pdl_enter();
-  __shared__ float sv[256];
-  __shared__ int si[256];
-  const float* l = logits + blockIdx.y * V;
-  const int64_t i0 = blockIdx.x * kArgmaxChunk, i1 = min(V, i0 + kArgmaxChunk);
+// For the calling block of 256 threads over l[i0, i1): the max and the lowest index holding it
+// (each thread's entries in order, then a tree that keeps the lower index on ties), in sv[0] and
+// si[0] for every thread on return.
+__device__ __forceinline__ void block_argmax(const float* __restrict__ l, int64_t i0, int64_t i1,
+                                             float* sv, int* si) {
   float bv = -INFINITY;
   int bi = -1;
   for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
@@ -1015,11 +970,11 @@ __global__ void argmax_part_kernel(const float* __restrict__ logits, int64_t V, 
     }
     __syncthreads();
   }
-  float* p = part + (blockIdx.y * gridDim.x + blockIdx.x) * 3;
-  const float mx = sv[0];
-  if (threadIdx.x == 0) p[0] = mx, p[1] = __int_as_float(si[0]);
-  if (!want_sum) return;
-  __syncthreads();
+}
+// sum exp(l_i - mx) over l[i0, i1) for the calling block: per-thread sums, then a tree in sv
+// (which every thread must be done reading first). Every thread gets the total.
+__device__ __forceinline__ float block_sum_exp(const float* __restrict__ l, int64_t i0, int64_t i1,
+                                               float mx, float* sv) {
   float sum = 0;
   for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) sum += expf(l[i] - mx);
   sv[threadIdx.x] = sum;
@@ -1028,7 +983,45 @@ __global__ void argmax_part_kernel(const float* __restrict__ logits, int64_t V, 
     if (threadIdx.x < o) sv[threadIdx.x] += sv[threadIdx.x + o];
     __syncthreads();
   }
-  if (threadIdx.x == 0) p[2] = sv[0];
+  return sv[0];
+}
+
+// One block per row; ties to the lower index. prob: the argmax's softmax probability,
+// 1 / sum_i exp(l_i - max).
+__global__ void argmax_rows_kernel(const float* __restrict__ logits, int64_t V,
+                                   int32_t* __restrict__ out, float* __restrict__ prob) {
+  pdl_enter();
+  __shared__ float sv[256];
+  __shared__ int si[256];
+  const float* l = logits + blockIdx.x * V;
+  block_argmax(l, 0, V, sv, si);
+  if (threadIdx.x == 0) out[blockIdx.x] = si[0];
+  if (prob == nullptr) return;
+  const float mx = sv[0];
+  __syncthreads();
+  const float total = block_sum_exp(l, 0, V, mx, sv);
+  if (threadIdx.x == 0) prob[blockIdx.x] = 1.0f / total;
+}
+
+// Two stages for long rows (argmax_rows with `work`). Stage 1, block (b, row): the chunk
+// [b c, (b + 1) c) of the row, c = kArgmaxChunk: its max, the lowest index holding it, and
+// sum exp(l - max) over the chunk, to part[row, b] = {max, index bits, sum}.
+constexpr int64_t kArgmaxChunk = 2048;
+__global__ void argmax_part_kernel(const float* __restrict__ logits, int64_t V, bool want_sum,
+                                   float* __restrict__ part) {
+  pdl_enter();
+  __shared__ float sv[256];
+  __shared__ int si[256];
+  const float* l = logits + blockIdx.y * V;
+  const int64_t i0 = blockIdx.x * kArgmaxChunk, i1 = min(V, i0 + kArgmaxChunk);
+  block_argmax(l, i0, i1, sv, si);
+  float* p = part + (blockIdx.y * gridDim.x + blockIdx.x) * 3;
+  const float mx = sv[0];
+  if (threadIdx.x == 0) p[0] = mx, p[1] = __int_as_float(si[0]);
+  if (!want_sum) return;
+  __syncthreads();
+  const float total = block_sum_exp(l, i0, i1, mx, sv);
+  if (threadIdx.x == 0) p[2] = total;
 }
 // Stage 2, one thread per row: the chunks in order (the first holding the max has its lowest
 // index), and sum_b s_b exp(m_b - max) in chunk order.
