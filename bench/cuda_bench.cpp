@@ -183,12 +183,12 @@ void kernel_table(const ModelConfig& c, int64_t ctx) {
             },
             reps),
         1.0 / 3.0 * ebytes * k);
-    DevBuf dw(64 * k * 4), sh(64 * H * 4), gate(64 * 4);
-    row("moe_combine",
+    DevBuf dw(64 * k * 4), sh(64 * H * 4), gate(64 * 4), xn(64 * H * 4);
+    row("moe_combine + residual + norm",
         time_graph(
             [&](int, cudaStream_t s) {
-              cuda::moe_combine(o.f(), dids.as<int32_t>(), dw.f(), 1, k, H, sh.f(), gate.f(), y.f(),
-                                s);
+              cuda::moe_combine(o.f(), dids.as<int32_t>(), dw.f(), 1, k, H, sh.f(), false, gate.f(),
+                                1, y.f(), sh.f(), 1e-6f, xn.f(), s);
             },
             reps),
         0);
@@ -196,7 +196,8 @@ void kernel_table(const ModelConfig& c, int64_t ctx) {
     row("route_topk",
         time_graph(
             [&](int, cudaStream_t s) {
-              cuda::route_topk(logits.f(), 1, E, k, true, dids.as<int32_t>() + 32 * k, dw.f(), s);
+              cuda::route_topk(logits.f(), 1, E, E, k, true, dids.as<int32_t>() + 32 * k, dw.f(),
+                               s);
             },
             reps),
         0);
@@ -242,32 +243,34 @@ void kernel_table(const ModelConfig& c, int64_t ctx) {
             },
             reps),
         2.0 * sb);
-    DevBuf conv(C * 4 * 4), cw(C * 4 * 4), xc(C * 4), ctab(8);
+    DevBuf conv(C * 4 * 4), cw(C * 4 * 4), ctab(8);
+    cudaMemset(conv.p, 0, C * 4 * 4), cudaMemset(cw.p, 0, C * 4 * 4);
     const uint64_t cp = reinterpret_cast<uint64_t>(conv.p);
     cudaMemcpy(ctab.p, &cp, 8, cudaMemcpyHostToDevice);
-    row("conv_silu_seqs",
+    const int64_t W = Hk * (2 * Dk + 2 * r * Dv) + Hk * 2 * r;
+    DevBuf pb(W * 4), z(Hv * Dv * 4);
+    cudaMemset(pb.p, 0, W * 4);
+    row("gdn_prep (split, gates, conv, q/k norms)",
         time_graph(
             [&](int, cudaStream_t s) {
-              cuda::conv_silu_seqs(xc.f(), starts.as<int32_t>(), ctab.as<float*>(), nullptr, cw.f(),
-                                   1, C, c.linear_conv_kernel_dim, Hk * Dk, q.f(), kk.f(), v.f(),
-                                   s);
+              cuda::gdn_prep(pb.f(), starts.as<int32_t>(), ctab.as<float*>(), nullptr, cw.f(), 1,
+                             Hk, Dk, r, Dv, c.linear_conv_kernel_dim, g.f(), g.f(), 1.0f, q.f(),
+                             kk.f(), v.f(), z.f(), beta.f(), out.f(), s);
             },
             reps),
         0);
-    row("l2norm_scale",
-        time_graph([&](int, cudaStream_t s) { cuda::l2norm_scale(q.f(), Hk, Dk, 1e-6f, 1.0f, s); },
-                   reps),
-        0);
   }
-  {
-    DevBuf kc(ctx * nkv * D * 4), vc(ctx * nkv * D * 4), q(nh * D * 4), out(nh * D * 4), tab(16),
+  for (const int64_t L : {ctx, int64_t{4096}}) {  // the bench's mean context, and a long one
+    DevBuf kc(L * nkv * D * 4), vc(L * nkv * D * 4), q(nh * D * 4), out(nh * D * 4), tab(16),
         pos(8);
+    cudaMemset(kc.p, 0, L * nkv * D * 4), cudaMemset(vc.p, 0, L * nkv * D * 4);
+    cudaMemset(q.p, 0, nh * D * 4);
     const uint64_t p2[2] = {reinterpret_cast<uint64_t>(kc.p), reinterpret_cast<uint64_t>(vc.p)};
     cudaMemcpy(tab.p, p2, 16, cudaMemcpyHostToDevice);
-    const int64_t ps = ctx - 1;
+    const int64_t ps = L - 1;
     cudaMemcpy(pos.p, &ps, 8, cudaMemcpyHostToDevice);
     char name[96];
-    std::snprintf(name, sizeof name, "attention_table (context %lld)", static_cast<long long>(ctx));
+    std::snprintf(name, sizeof name, "attention_table (context %lld)", static_cast<long long>(L));
     row(name,
         time_graph(
             [&](int, cudaStream_t s) {
@@ -276,7 +279,7 @@ void kernel_table(const ModelConfig& c, int64_t ctx) {
                                     out.f(), s);
             },
             reps),
-        2.0 * ctx * nkv * D * 4);
+        2.0 * L * nkv * D * 4);
   }
   DevBuf w(H * 4);
   row("rmsnorm_zc [1 x 2048] (a small kernel)",

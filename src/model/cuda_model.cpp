@@ -90,10 +90,10 @@ struct CudaModel::DevLayer {
   DeviceArray<float> q_norm, k_norm;
   DevMat in_proj, out_proj;  // in_proj: in_qkvz and in_ba stacked, one product for both
   DeviceArray<float> conv, dt_bias, neg_exp_a, gnorm;
-  DevMat router;
+  DevMat
+      router;  // [E + 1, H]: the router's E rows, then the shared expert's gate row (one product)
   DevFfn experts;
   DevFfn shared, mlp;
-  DevMat shared_gate;  // [1, H] f32
 };
 // The MTP head (qwen3-next.md §6): fc [H, 2H], its input norms, one decoder layer, its final norm.
 struct CudaModel::DevMtp {
@@ -182,8 +182,7 @@ void CudaModel::finish_init() {
   for (const DevLayer& L : layers_) {
     b.dense += f(L.input_norm) + f(L.post_norm) + L.qkv.size() + L.o_proj.size() + f(L.q_norm) +
                f(L.k_norm) + L.in_proj.size() + L.out_proj.size() + f(L.conv) + f(L.dt_bias) +
-               f(L.neg_exp_a) + f(L.gnorm) + L.router.size() + ffn(L.shared) + ffn(L.mlp) +
-               L.shared_gate.size();
+               f(L.neg_exp_a) + f(L.gnorm) + L.router.size() + ffn(L.shared) + ffn(L.mlp);
     if (L.moe) {
       ++b.moe_layers;
       b.expert = ffn(L.experts) / config_.num_experts;
@@ -236,7 +235,19 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int devi
       d.neg_exp_a = upload(L.neg_exp_a), d.gnorm = upload(L.gnorm);
     }
     if (L.moe) {
-      d.router = mat(L.router);
+      // The shared expert's gate row [1, H] below the router's rows. Kept in the router's bf16
+      // when that is exact (checkpoints store it in bf16), else both widened to f32; the same
+      // values either way, so the same products.
+      const Mat gate_f32{DType::kF32, L.shared_gate.data(), 1, c.hidden_size};
+      std::vector<uint16_t> gate_bf16(L.shared_gate.size());
+      bool exact = L.router.dtype == DType::kBF16;
+      for (size_t i = 0; i < gate_bf16.size() && exact; ++i) {
+        gate_bf16[i] = f32_to_bf16(L.shared_gate[i]);
+        exact = bf16_to_f32(gate_bf16[i]) == L.shared_gate[i];
+      }
+      const Mat gate_b{DType::kBF16, gate_bf16.data(), 1, c.hidden_size};
+      upload_stacked({&L.router, exact ? &gate_b : &gate_f32}, &d.router.dtype, &d.router.bytes,
+                     &d.router.rows, &d.router.cols);
       std::vector<const Mat*> g, u, dn;
       for (const FfnWeights& e : L.experts) g.push_back(&e.gate), u.push_back(&e.up);
       for (const FfnWeights& e : L.experts) dn.push_back(&e.down);
@@ -248,7 +259,6 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int devi
       if (x.gate.dtype != x.up.dtype || x.gate.dtype != x.down.dtype)
         return Status::invalid("the CUDA backend needs one dtype for an expert's three matrices");
       d.shared = ffn(L.shared);
-      d.shared_gate = mat(Mat{DType::kF32, L.shared_gate.data(), 1, c.hidden_size});
     } else {
       d.mlp = ffn(L.mlp);
     }
@@ -342,13 +352,9 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create_dummy(const ModelConfig& c,
       d.gnorm = vec(Dv, 0.1f, 1.0f);
     }
     if (d.moe) {
-      d.router = mat(E, H);
+      d.router = mat(E + 1, H);  // the last row is the shared expert's gate
       d.experts = DevFfn{mat(E * I, H), mat(E * I, H), mat(E * H, I), I};
       d.shared = ffn(c.shared_expert_intermediate_size);
-      d.shared_gate.dtype = DType::kF32, d.shared_gate.rows = 1, d.shared_gate.cols = H;
-      d.shared_gate.bytes = DeviceArray<uint8_t>(static_cast<size_t>(H * 4));
-      cuda::fill_uniform(DType::kF32, d.shared_gate.bytes.data(), H, ++tensor,
-                         std::sqrt(3.0f / static_cast<float>(H)), 0.0f, s);
     } else {
       d.mlp = ffn(c.intermediate_size);
     }
@@ -548,7 +554,6 @@ enum Slot : int {
   kQ,
   kGate,
   kO,
-  kXc,
   kZ,
   kBeta,
   kG,
@@ -559,7 +564,6 @@ enum Slot : int {
   kFfnH,
   kExpertOut,
   kShared,
-  kSharedGate,
   kRows,
   kLogits,
   kMtpU,     // the head's fc input [M, 2H]
@@ -746,24 +750,20 @@ void CudaModel::enqueue(int64_t N, int64_t nseq, int64_t R, bool mtp) {
   float* xn = scratch(kXn, N * H);
   float* y = scratch(kY, N * H);
   cuda::embed_rows(embed_->dtype, embed_->bytes.data(), H, tb.at<int32_t>(tb.ids), N, x, s);
+  cuda::rmsnorm_zc(x, layers_[0].input_norm.data(), N, H, eps, xn, s);
   for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
     const DevLayer& L = layers_[li];
-    if (li == 0)
-      cuda::rmsnorm_zc(x, L.input_norm.data(), N, H, eps, xn, s);
-    else  // the previous layer's MLP output joins the residual here
-      cuda::add_rmsnorm_zc(x, y, L.input_norm.data(), N, H, eps, xn, s);
     if (L.full_attention)
       attention_layer(L, tb, N, xn, y);
     else
       deltanet_layer(L, tb, N, nseq, xn, y);
     cuda::add_rmsnorm_zc(x, y, L.post_norm.data(), N, H, eps, xn, s);
-    if (L.moe)
-      moe(L, xn, N, y);
-    else
-      ffn(L.mlp, xn, N, y);
+    // The MLP's output joins the residual and is normed for the next layer (or the final norm,
+    // row-local, so on every row) in its last kernel.
+    const bool last = li + 1 == c.num_hidden_layers;
+    mlp(L, N, x, xn, y, last ? final_norm_.data() : layers_[li + 1].input_norm.data(), xn);
   }
-  // Last residual add and the final norm (row-local, so on every row), then the logits rows.
-  cuda::add_rmsnorm_zc(x, y, final_norm_.data(), N, H, eps, xn, s);
+  // Then the logits rows.
   float* h = scratch(kRows, R * H);
   cuda::gather_rows(xn, tb.at<int32_t>(tb.rows), R, H, h, s);
   matmul(*lm_head_, h, R, scratch(kLogits, R * V), s);
@@ -943,11 +943,7 @@ void CudaModel::enqueue_draft(const std::vector<int64_t>& ks, bool want_logits, 
                   reinterpret_cast<float* const*>(at(tb.kc)),
                   reinterpret_cast<float* const*>(at(tb.vc)), M, xn, y);
     cuda::add_rmsnorm_zc(x, y, L.post_norm.data(), M, H, eps, xn, s);
-    if (L.moe)
-      moe(L, xn, M, y);
-    else
-      ffn(L.mlp, xn, M, y);
-    cuda::add_rmsnorm_zc(x, y, mtp_->norm.data(), M, H, eps, hout, s);
+    mlp(L, M, x, xn, y, mtp_->norm.data(), hout);
     float* lg = logits + (want_logits ? step * M1 * V : 0);
     matmul(*lm_head_, hout, M, lg, s);
     cuda::argmax_rows(lg, M, V, tok + step * M1, s, prob + step * M1,
@@ -1057,25 +1053,22 @@ void CudaModel::deltanet_layer(const DevLayer& L, const Table& tb, int64_t N, in
   const cudaStream_t s = as_stream(stream_);
   const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim, r = Hv / Hk;
-  const int64_t K = c.linear_conv_kernel_dim, C = c.conv_dim(), kd = Hk * Dk;
+  const int64_t kd = Hk * Dk;
   const float eps = static_cast<float>(c.rms_norm_eps);
   float* PB = scratch(kProj, N * L.in_proj.rows);
   matmul(L.in_proj, xn, N, PB, s);
-  float* xc = scratch(kXc, N * C);
   float* z = scratch(kZ, N * Hv * Dv);
   float* beta = scratch(kBeta, N * Hv);
   float* g = scratch(kG, N * Hv);
-  cuda::split_qkvz_gates(PB, N, Hk, Dk, r, Dv, L.dt_bias.data(), L.neg_exp_a.data(), xc, z, beta, g,
-                         s);
-  float* qq = scratch(kQq, 2 * N * kd);  // q rows, then k rows (one l2norm launch)
+  float* qq = scratch(kQq, 2 * N * kd);  // q rows, then k rows
   float* kk = qq + N * kd;
   float* vv = scratch(kVv, N * Hv * Dv);
   const int64_t lg = ordinal_[&L - layers_.data()];
   const int32_t* starts = tb.at<int32_t>(tb.starts);
-  cuda::conv_silu_seqs(xc, starts, tb.at<float* const>(tb.conv + lg * nseq),
-                       tb.at<float* const>(tb.conv_hist + lg * nseq), L.conv.data(), nseq, C, K, kd,
-                       qq, kk, vv, s);
-  cuda::l2norm_scale_qk(qq, N * Hk, N * Hk, Dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(Dk)), s);
+  cuda::gdn_prep(PB, starts, tb.at<float* const>(tb.conv + lg * nseq),
+                 tb.at<float* const>(tb.conv_hist + lg * nseq), L.conv.data(), nseq, Hk, Dk, r, Dv,
+                 c.linear_conv_kernel_dim, L.dt_bias.data(), L.neg_exp_a.data(),
+                 1.0f / std::sqrt(static_cast<float>(Dk)), qq, kk, vv, z, beta, g, s);
   float* o = scratch(kO, N * Hv * Dv);
   cuda::delta_rule_seqs(qq, kk, vv, g, beta, starts, tb.at<float* const>(tb.S + lg * nseq),
                         tb.at<float* const>(tb.S_hist + lg * nseq), nseq, Hk, Hv, Dk, Dv, o, s);
@@ -1095,19 +1088,26 @@ void CudaModel::ffn(const DevFfn& f, const float* x, int64_t N, float* y) {
   }
 }
 
-void CudaModel::moe(const DevLayer& L, const float* xn, int64_t N, float* y) {
+void CudaModel::mlp(const DevLayer& L, int64_t N, float* x, const float* xn, float* y,
+                    const float* norm, float* out) {
   const ModelConfig& c = config();
   const cudaStream_t s = as_stream(stream_);
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (!L.moe) {
+    ffn(L.mlp, xn, N, y);
+    cuda::add_rmsnorm_zc(x, y, norm, N, H, eps, out, s);
+    return;
+  }
   const DevFfn& X = L.experts;
   const DevFfn& S = L.shared;
-  float* gl = scratch(kSharedGate, N);
-  matmul(L.shared_gate, xn, N, gl, s);
-  float* logits = scratch(kRouter, N * E);
+  // Router logits and the shared expert's gate in one product: row t is [E logits | gate].
+  float* logits = scratch(kRouter, N * (E + 1));
   matmul(L.router, xn, N, logits, s);
+  const float* gl = logits + E;  // at a stride of E + 1
   int32_t* ex = grow_tracked(route_ex_, N * k);
   float* w = scratch(kRouteW, N * k);
-  cuda::route_topk(logits, N, E, k, c.norm_topk_prob, ex, w, s);
+  cuda::route_topk(logits, N, E, E + 1, k, c.norm_topk_prob, ex, w, s);
   if (N <= kSlotTokens && S.I == X.I && S.gate.dtype == X.gate.dtype) {
     // A few tokens (decode rows, verify steps): each slot reads its expert (a token's k experts
     // are distinct; tokens rarely share one), with no grouping pass, and the shared expert rides
@@ -1118,7 +1118,8 @@ void CudaModel::moe(const DevLayer& L, const float* xn, int64_t N, float* y) {
                          h, s, S.gate.bytes.data(), S.up.bytes.data());
     cuda::expert_down(X.down.dtype, X.down.bytes.data(), H, X.I, ex, k, h, N, o, s,
                       S.down.bytes.data());
-    cuda::moe_combine(o, ex, w, N, k, H, nullptr, gl, y, s, /*shared_in_o=*/true);
+    cuda::moe_combine(o, ex, w, N, k, H, nullptr, /*shared_in_o=*/true, gl, E + 1, x, norm, eps,
+                      out, s);
     return;
   }
   float* sh = scratch(kShared, N * H);
@@ -1142,7 +1143,8 @@ void CudaModel::moe(const DevLayer& L, const float* xn, int64_t N, float* y) {
                             X.down.bytes.data(), X.I, H, k, E, n, sorted, tiles, n_tiles,
                             xn + t0 * H, h, o, s);
     }
-    cuda::moe_combine(o, ex + t0 * k, w + t0 * k, n, k, H, sh + t0 * H, gl + t0, y + t0 * H, s);
+    cuda::moe_combine(o, ex + t0 * k, w + t0 * k, n, k, H, sh + t0 * H, false, gl + t0 * (E + 1),
+                      E + 1, x + t0 * H, norm, eps, out + t0 * H, s);
   }
 }
 

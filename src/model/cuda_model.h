@@ -171,7 +171,11 @@ class CudaModel {
   void attention_layer(const DevLayer& L, const Table& tb, int64_t N, const float* xn, float* y);
   void deltanet_layer(const DevLayer& L, const Table& tb, int64_t N, int64_t nseq, const float* xn,
                       float* y);
-  void moe(const DevLayer& L, const float* xn, int64_t N, float* y);
+  // The layer's MLP (MoE or dense) on xn [N, H], its output added to the residual x, then
+  // out = rmsnorm_zc(x) with weight `norm` (the next layer's input norm, the final norm, or the
+  // MTP head's). y: scratch [N, H]. out may be xn.
+  void mlp(const DevLayer& L, int64_t N, float* x, const float* xn, float* y, const float* norm,
+           float* out);
   void ffn(const DevFfn& f, const float* x, int64_t N, float* y);
   // The MTP head's fc input u [M, 2H] = [rmsnorm(embed(ids)) | rmsnorm(hid)] (ids, hid on the
   // device), then fc and the layer's input norm: x [M, H] (the residual), xn [M, H].

@@ -205,9 +205,16 @@ TEST_F(CudaOps, AttentionMatchesCpuAndIsBatchInvariant) {
 TEST_F(CudaOps, RouteTopkAndEmbed) {
   const int64_t n = 9, E = 64, k = 10;
   const auto logits = randn(n * E, 20);
-  Dev<float> dl(logits), dw(n * k);
+  // Rows at a stride of E + 1, as the model's [router | shared gate] product: the extra column
+  // (larger than any logit) must not be picked.
+  std::vector<float> strided;
+  for (int64_t t = 0; t < n; ++t) {
+    strided.insert(strided.end(), logits.begin() + t * E, logits.begin() + (t + 1) * E);
+    strided.push_back(100.0f);
+  }
+  Dev<float> dl(strided), dw(n * k);
   Dev<int32_t> de(n * k);
-  cuda::route_topk(dl.p, n, E, k, true, de.p, dw.p, nullptr);
+  cuda::route_topk(dl.p, n, E, E + 1, k, true, de.p, dw.p, nullptr);
   const auto ex = de.host();
   const auto wt = dw.host();
   for (int64_t t = 0; t < n; ++t) {
@@ -278,11 +285,13 @@ TEST_F(CudaOps, IndexedExpertsMatchReferenceAndAreBatchInvariant) {
   std::vector<float> w(n * k);
   for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f + 0.05f * static_cast<float>(i % 4);
   Dev<uint16_t> dg(wg), du(wu), dd(wd);
-  Dev<float> dx(x), dsh(sh), dgate(gate), dw(w), dh(n * k * I), dout(n * k * H), dy(n * H);
+  Dev<float> dx(x), dsh(sh), dgate(gate), dw(w), dh(n * k * I), dout(n * k * H);
+  Dev<float> dy(std::vector<float>(n * H, 0.0f));  // the residual: 0, so it becomes the output
   Dev<int32_t> dex(ex);
   cuda::expert_gate_up(DType::kBF16, dg.p, du.p, I, H, dex.p, k, dx.p, n, dh.p, nullptr);
   cuda::expert_down(DType::kBF16, dd.p, H, I, dex.p, k, dh.p, n, dout.p, nullptr);
-  cuda::moe_combine(dout.p, dex.p, dw.p, n, k, H, dsh.p, dgate.p, dy.p, nullptr);
+  cuda::moe_combine(dout.p, dex.p, dw.p, n, k, H, dsh.p, false, dgate.p, 1, dy.p, nullptr, 0.0f,
+                    nullptr, nullptr);
   const auto y = dy.host(), h = dh.host();
   std::vector<float> ref(n * H);
   for (int64_t t = 0; t < n; ++t) {
@@ -357,11 +366,11 @@ TEST_F(CudaOps, IndexedExpertsMatchReferenceAndAreBatchInvariant) {
 
   // Token 3 alone: the same bits as in the batch of 5.
   Dev<float> xa(std::vector<float>(x.begin() + 3 * H, x.begin() + 4 * H)), ha(k * I), oa(k * H),
-      ya(H);
+      ya(std::vector<float>(H, 0.0f));
   cuda::expert_gate_up(DType::kBF16, dg.p, du.p, I, H, dex.p + 3 * k, k, xa.p, 1, ha.p, nullptr);
   cuda::expert_down(DType::kBF16, dd.p, H, I, dex.p + 3 * k, k, ha.p, 1, oa.p, nullptr);
-  cuda::moe_combine(oa.p, dex.p + 3 * k, dw.p + 3 * k, 1, k, H, dsh.p + 3 * H, dgate.p + 3, ya.p,
-                    nullptr);
+  cuda::moe_combine(oa.p, dex.p + 3 * k, dw.p + 3 * k, 1, k, H, dsh.p + 3 * H, false, dgate.p + 3,
+                    1, ya.p, nullptr, 0.0f, nullptr, nullptr);
   const auto y1 = ya.host();
   EXPECT_EQ(std::memcmp(y1.data(), y.data() + 3 * H, H * sizeof(float)), 0);
 }
@@ -373,7 +382,7 @@ TEST_F(CudaOps, RouteTopkTiesAndManyExperts) {
   for (int64_t e = 100; e < 140; ++e) logits[E + e] = 7.0f;  // token 1: 40 tied maxima
   Dev<float> dl(logits), dw(n * k);
   Dev<int32_t> de(n * k);
-  cuda::route_topk(dl.p, n, E, k, true, de.p, dw.p, nullptr);
+  cuda::route_topk(dl.p, n, E, E, k, true, de.p, dw.p, nullptr);
   const auto ex = de.host();
   for (int64_t t = 0; t < n; ++t) {
     std::vector<int> idx(E);
@@ -490,6 +499,47 @@ TEST_F(CudaOps, SequenceTablesMatchPerSequenceOps) {
   const auto b1 = rb.host();
   all.insert(all.end(), b1.begin(), b1.end());
   EXPECT_EQ(dao.host(), all);
+}
+
+// gdn_prep against the three ops it fuses (split_qkvz_gates, conv_silu_seqs, l2norm_scale_qk),
+// bit for bit: outputs, conv states and the verify history, two sequences (3 tokens and 1) in one
+// launch. Dk = 32 < the block's 128 threads, so the missing lanes' zeros are in the norm's tree.
+TEST_F(CudaOps, GdnPrepMatchesSeparateOps) {
+  const int64_t Hk = 2, Dk = 32, r = 2, Dv = 64, K = 4, N = 4, Hv = Hk * r, kd = Hk * Dk;
+  const int64_t C = 2 * kd + Hv * Dv, W = Hk * (2 * Dk + 2 * r * Dv) + Hk * 2 * r;
+  const std::vector<int32_t> starts = {0, 3, 4};
+  const auto PB = randn(N * W, 110), cw = randn(C * K, 111), dtb = randn(Hv, 112);
+  const auto st0 = randn((K - 1) * C, 113), st1 = randn((K - 1) * C, 114);
+  std::vector<float> nea(Hv);
+  for (int64_t i = 0; i < Hv; ++i) nea[i] = -1.0f - 0.5f * static_cast<float>(i);
+  const float qs = 1.0f / std::sqrt(static_cast<float>(Dk));
+  Dev<float> dPB(PB), dcw(cw), ddtb(dtb), dnea(nea);
+  Dev<int32_t> dstarts(starts);
+  auto u = [](const float* p) { return reinterpret_cast<uint64_t>(p); };
+  // Fused.
+  Dev<float> a0(st0), a1(st1), ah((K - 1 + 3) * C), aqk(2 * N * kd), av(N * Hv * Dv),
+      az(N * Hv * Dv), ab(N * Hv), ag(N * Hv);
+  Dev<uint64_t> at(std::vector<uint64_t>{u(a0.p), u(a1.p)}), ath(std::vector<uint64_t>{u(ah.p), 0});
+  cuda::gdn_prep(dPB.p, dstarts.p, reinterpret_cast<float* const*>(at.p),
+                 reinterpret_cast<float* const*>(ath.p), dcw.p, 2, Hk, Dk, r, Dv, K, ddtb.p, dnea.p,
+                 qs, aqk.p, aqk.p + N * kd, av.p, az.p, ab.p, ag.p, nullptr);
+  // Separate.
+  Dev<float> b0(st0), b1(st1), bh((K - 1 + 3) * C), bqk(2 * N * kd), bv(N * Hv * Dv),
+      bz(N * Hv * Dv), bb(N * Hv), bg(N * Hv), xc(N * C);
+  Dev<uint64_t> bt(std::vector<uint64_t>{u(b0.p), u(b1.p)}), bth(std::vector<uint64_t>{u(bh.p), 0});
+  cuda::split_qkvz_gates(dPB.p, N, Hk, Dk, r, Dv, ddtb.p, dnea.p, xc.p, bz.p, bb.p, bg.p, nullptr);
+  cuda::conv_silu_seqs(xc.p, dstarts.p, reinterpret_cast<float* const*>(bt.p),
+                       reinterpret_cast<float* const*>(bth.p), dcw.p, 2, C, K, kd, bqk.p,
+                       bqk.p + N * kd, bv.p, nullptr);
+  cuda::l2norm_scale_qk(bqk.p, N * Hk, N * Hk, Dk, 1e-6f, qs, nullptr);
+  EXPECT_EQ(aqk.host(), bqk.host());
+  EXPECT_EQ(av.host(), bv.host());
+  EXPECT_EQ(az.host(), bz.host());
+  EXPECT_EQ(ab.host(), bb.host());
+  EXPECT_EQ(ag.host(), bg.host());
+  EXPECT_EQ(a0.host(), b0.host());
+  EXPECT_EQ(a1.host(), b1.host());
+  EXPECT_EQ(ah.host(), bh.host());
 }
 
 // argmax_rows (ties to the lower index) and fill_uniform's range.
@@ -611,19 +661,32 @@ TEST_F(CudaOps, FusedKernelsMatchSeparateOps) {
   const std::vector<int32_t> ex = {6, 1};
   const std::vector<float> w = {0.7f, 0.3f};
   Dev<uint16_t> dg(wg), du(wu), dd(wd), dsg(sg), dsu(su), dsd(sd);
-  Dev<float> dx(xe), dgl(gl), dw(w), h(3 * I), o(3 * H), y(H);
+  // The gate at a stride of 3 (as in the model's [router | gate] rows); a residual x0 and the
+  // next layer's norm nw.
+  const std::vector<float> glr = {0.5f, 0.25f, gl[0]};
+  const auto x0 = randn(H, 102), nw = randn(H, 103);
+  Dev<float> dx(xe), dgl(glr), dw(w), h(3 * I), o(3 * H), y(x0), yn(H), dnw(nw);
   Dev<int32_t> dex(ex);
   cuda::expert_gate_up(DType::kBF16, dg.p, du.p, I, H, dex.p, k, dx.p, 1, h.p, nullptr, dsg.p,
                        dsu.p);
   cuda::expert_down(DType::kBF16, dd.p, H, I, dex.p, k, h.p, 1, o.p, nullptr, dsd.p);
-  cuda::moe_combine(o.p, dex.p, dw.p, 1, k, H, nullptr, dgl.p, y.p, nullptr, true);
-  Dev<float> h2(2 * I), oo(2 * H), sh_h(I), sh(H), y2(H);
+  cuda::moe_combine(o.p, dex.p, dw.p, 1, k, H, nullptr, true, dgl.p + 2, 3, y.p, dnw.p, 1e-6f, yn.p,
+                    nullptr);
+  Dev<float> h2(2 * I), oo(2 * H), sh_h(I), sh(H), y2(std::vector<float>(H, 0.0f));
   cuda::expert_gate_up(DType::kBF16, dg.p, du.p, I, H, dex.p, k, dx.p, 1, h2.p, nullptr);
   cuda::expert_down(DType::kBF16, dd.p, H, I, dex.p, k, h2.p, 1, oo.p, nullptr);
   cuda::expert_gate_up(DType::kBF16, dsg.p, dsu.p, I, H, nullptr, 1, dx.p, 1, sh_h.p, nullptr);
   cuda::expert_down(DType::kBF16, dsd.p, H, I, nullptr, 1, sh_h.p, 1, sh.p, nullptr);
-  cuda::moe_combine(oo.p, dex.p, dw.p, 1, k, H, sh.p, dgl.p, y2.p, nullptr);
-  EXPECT_EQ(y.host(), y2.host());
+  cuda::moe_combine(oo.p, dex.p, dw.p, 1, k, H, sh.p, false, dgl.p + 2, 1, y2.p, nullptr, 0.0f,
+                    nullptr, nullptr);
+  // x0 + the separate path's MoE output, bit for bit; the fused norm against the CPU's.
+  const auto moe_out = y2.host();
+  std::vector<float> want(H);
+  for (int64_t d = 0; d < H; ++d) want[d] = x0[d] + moe_out[d];
+  EXPECT_EQ(y.host(), want);
+  std::vector<float> ref(H);
+  cpu::rmsnorm_zc(want.data(), nw.data(), 1, H, 1e-6f, ref.data());
+  EXPECT_LT(rel_l2(yn.host(), ref), 1e-6);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // CUDA kernels of src/backends/cuda/ops.h. Launch shapes depend on the op's row width only, never
 // on the number of rows, so every row is computed by the same instructions in any batch.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -457,18 +458,24 @@ __global__ void grouped_down_kernel(const W* __restrict__ wd, int64_t H, int64_t
   }
 }
 
-// Block (token, 256 dims); thread 0 orders the k slots by expert index (k <= 64). Slot j of token t
+// One block per token; thread 0 orders the k slots by expert index (k <= 64). Slot j of token t
 // is o[t kk + j] (kk = k, or k + 1 with the shared expert's output in slot k when shared_in_o).
-__global__ void moe_combine_kernel(const float* __restrict__ o, const int32_t* __restrict__ experts,
-                                   const float* __restrict__ w, int64_t k, int64_t H,
-                                   const float* __restrict__ shared, bool shared_in_o,
-                                   const float* __restrict__ gate, float* __restrict__ y) {
+// Thread i takes dims i + kCombineThreads m (m ascending): the combine, x += it, the squares;
+// then the block tree and the norm.
+constexpr int kCombineThreads = 1024;
+__global__ void __launch_bounds__(kCombineThreads)
+    moe_combine_kernel(const float* __restrict__ o, const int32_t* __restrict__ experts,
+                       const float* __restrict__ w, int64_t k, int64_t H,
+                       const float* __restrict__ shared, bool shared_in_o,
+                       const float* __restrict__ gate, int64_t gate_stride, float* __restrict__ x,
+                       const float* __restrict__ norm, float eps, float* __restrict__ xn) {
   pdl_enter();
   __shared__ int order[64], eid[64];
+  __shared__ float wo[64];  // the weights in that order
+  __shared__ float scratch[kCombineThreads / kWarp];
   const int64_t t = blockIdx.x, kk = shared_in_o ? k + 1 : k;
   if (threadIdx.x < k) eid[threadIdx.x] = experts[t * k + threadIdx.x];
   __syncthreads();
-  __shared__ float wo[64];  // the weights in that order
   if (threadIdx.x == 0) {
     for (int j = 0; j < k; ++j) {
       int p = j;
@@ -482,15 +489,24 @@ __global__ void moe_combine_kernel(const float* __restrict__ o, const int32_t* _
   }
   __syncthreads();
   const float* sh = shared_in_o ? o + (t * kk + k) * H : shared ? shared + t * H : nullptr;
-  const float gs = sh ? 1.0f / (1.0f + expf(-gate[t])) : 0.0f;
-  const int64_t d = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (d >= H) return;
-  // The sum in ascending expert order; the unrolled body issues its loads before its FMAs.
-  float acc = 0;
+  const float gs = sh ? 1.0f / (1.0f + expf(-gate[t * gate_stride])) : 0.0f;
+  float* xr = x + t * H;
+  float ss = 0;
+  for (int64_t d = threadIdx.x; d < H; d += kCombineThreads) {
+    // The sum in ascending expert order; the unrolled body issues its loads before its FMAs.
+    float acc = 0;
 #pragma unroll 16
-  for (int jj = 0; jj < k; ++jj) acc = fmaf(o[(t * kk + order[jj]) * H + d], wo[jj], acc);
-  if (sh) acc = fmaf(gs, sh[d], acc);
-  y[t * H + d] = acc;
+    for (int jj = 0; jj < k; ++jj) acc = fmaf(o[(t * kk + order[jj]) * H + d], wo[jj], acc);
+    if (sh) acc = fmaf(gs, sh[d], acc);
+    const float v = xr[d] + acc;
+    xr[d] = v;
+    ss = fmaf(v, v, ss);
+  }
+  if (norm == nullptr) return;  // the whole block
+  ss = block_sum<kCombineThreads>(ss, scratch);
+  const float rs = rsqrtf(ss / static_cast<float>(H) + eps);
+  float* yr = xn + t * H;
+  for (int64_t d = threadIdx.x; d < H; d += kCombineThreads) yr[d] = xr[d] * rs * (1.0f + norm[d]);
 }
 
 // Block (token t, head): heads < n_heads take the query [D] and gate [D] of the stacked
@@ -797,106 +813,140 @@ __global__ void delta_rule_seqs_kernel(const float* __restrict__ q, const float*
               S[blockIdx.y] + h * Dk * Dv, out, hist != nullptr ? hist + h * Dk * Dv : nullptr);
 }
 
-// Block (t, head): thread l scores key tile0 + l; then every thread d < D accumulates
-// sum_j p_j v[j, d] over the tile's keys in order, rescaled when the running max grows.
-constexpr int kAttnTile = 128;
+// Attention of query (t, head) over keys 0 .. L-1 (L = pos[t] + 1) by a cluster of kAttnSplits
+// blocks: block r takes the contiguous chunk of ceil(L / kAttnSplits) keys from r times that, in
+// tiles of kAttnTile keys with a running max (online softmax): scores by warps (warp w takes tile
+// keys w + 4 i, four keys at once; lane l sums dims l + 32 c in ascending c, then the xor tree),
+// the tile's max and sum by block trees, then thread u accumulates dims u + 128 i over the tile's
+// keys in order. The splits' partials (max m_s, sum l_s, unnormalised acc_s [D]) meet through
+// distributed shared memory: block r joins dims r ceil(D / S) .. in split order,
+// out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s (M = max_s m_s, empty splits add 0).
+// The chunks depend on L only, so a row's bits are the same in any batch. kAttnThreads threads.
+constexpr int kAttnSplits = 8;
+constexpr int kAttnTile = 128, kAttnThreads = 128, kAttnMaxD = 512;
 // The caches are kc0 / vc0, or per token kt[t] / vt[t] when the tables are given.
-__global__ void attention_kernel(const float* __restrict__ q, const int64_t* __restrict__ pos,
-                                 const float* kc0, const float* vc0, const float* const* kt,
-                                 const float* const* vt, int64_t n_heads, int64_t n_kv, int64_t D,
-                                 float scale, const float* __restrict__ gate,
-                                 float* __restrict__ out) {
+__global__ void __cluster_dims__(kAttnSplits, 1, 1) __launch_bounds__(kAttnThreads)
+    attention_kernel(const float* __restrict__ q, const int64_t* __restrict__ pos, const float* kc0,
+                     const float* vc0, const float* const* kt, const float* const* vt,
+                     int64_t n_heads, int64_t n_kv, int64_t D, float scale,
+                     const float* __restrict__ gate, float* __restrict__ out) {
   pdl_enter();
-  extern __shared__ float smem[];  // q [D] | p [kAttnTile] | reduce scratch [kAttnTile / 32]
-  float* qs = smem;
-  float* p = smem + D;
-  float* scratch = p + kAttnTile;
-  const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads, kvh = h / (n_heads / n_kv);
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  __shared__ float qs[kAttnMaxD], acc_s[kAttnMaxD], p[kAttnTile], scratch[kAttnThreads / kWarp];
+  __shared__ float ml[2];  // this split's max and sum
+  const int split = static_cast<int>(cluster.block_rank());
+  const int64_t th = blockIdx.x / kAttnSplits;
+  const int64_t t = th / n_heads, h = th % n_heads, kvh = h / (n_heads / n_kv);
   const float* __restrict__ kc = kt ? kt[t] : kc0;
   const float* __restrict__ vc = vt ? vt[t] : vc0;
   const float* qv = q + (t * n_heads + h) * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) qs[d] = qv[d];
+  for (int64_t d = threadIdx.x; d < D; d += kAttnThreads) qs[d] = qv[d];
+  const int64_t L = pos[t] + 1, chunk = (L + kAttnSplits - 1) / kAttnSplits;
+  const int64_t j0 = split * chunk < L ? split * chunk : L;
+  const int64_t j1 = j0 + chunk < L ? j0 + chunk : L;
+  const int w = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int nc = static_cast<int>((D - lane + kWarp - 1) / kWarp);  // lane's dims in a score
   __syncthreads();
-  const int64_t L = pos[t] + 1;
+  float qr[kAttnMaxD / kWarp];
+#pragma unroll
+  for (int c = 0; c < kAttnMaxD / kWarp; ++c) qr[c] = c < nc ? qs[lane + kWarp * c] : 0.0f;
   float m = -INFINITY, sum = 0;
-  float acc[4] = {0, 0, 0, 0};  // dims threadIdx.x + 128 u, D <= 512
-  for (int64_t tile = 0; tile < L; tile += kAttnTile) {
-    // Scores: warp w takes keys tile + 32 w + u (u < 32), four at a time: lanes 8 g .. 8 g + 7
-    // dot key u + g, lane 8 g + s summing dims s + 8 m in ascending m, then a xor tree over the
-    // 8 lanes; lane u keeps key u's score.
-    const int64_t j = tile + threadIdx.x;
-    const int lane = threadIdx.x % kWarp, grp = lane / 8, sub = lane % 8;
-    const int64_t wbase = tile + threadIdx.x - lane;
-    float sc = -INFINITY;
-#pragma unroll 2
-    for (int u = 0; u < kWarp; u += 4) {
-      if (wbase + u >= L) break;  // warp-uniform
-      const int64_t ju = wbase + u + grp;
-      float dot = 0;
-      if (ju < L) {
-        const float* kj = kc + (ju * n_kv + kvh) * D;
-#pragma unroll 8
-        for (int64_t d = sub; d < D; d += 8) dot = fmaf(qs[d], kj[d], dot);
+  float acc[kAttnMaxD / kAttnThreads] = {0, 0, 0, 0};
+  constexpr int kWarps = kAttnThreads / kWarp;
+  for (int64_t tile = j0; tile < j1; tile += kAttnTile) {
+    const int n = static_cast<int>(j1 - tile < kAttnTile ? j1 - tile : kAttnTile);
+    for (int base = w; base < n; base += 4 * kWarps) {
+      float dot[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int jj = base + u * kWarps;
+        if (jj >= n) break;  // warp-uniform
+        const float* kr = kc + ((tile + jj) * n_kv + kvh) * D + lane;
+#pragma unroll
+        for (int c = 0; c < kAttnMaxD / kWarp; ++c)
+          if (c < nc) dot[u] = fmaf(qr[c], kr[kWarp * c], dot[u]);
       }
 #pragma unroll
-      for (int o = 4; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-#pragma unroll
-      for (int g = 0; g < 4; ++g) {
-        const float v = __shfl_sync(0xffffffffu, dot, 8 * g);
-        if (lane == u + g) sc = v * scale;
+      for (int u = 0; u < 4; ++u) {
+        const int jj = base + u * kWarps;
+        if (jj >= n) break;
+        const float v = warp_sum(dot[u]);
+        if (lane == 0) p[jj] = v * scale;
       }
     }
-    if (j >= L) sc = -INFINITY;
+    __syncthreads();
+    const float sc = static_cast<int>(threadIdx.x) < n ? p[threadIdx.x] : -INFINITY;
     // Tile max by a fixed tree.
     float tm = sc;
 #pragma unroll
     for (int o = kWarp / 2; o > 0; o /= 2) tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, o));
-    if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = tm;
+    if (lane == 0) scratch[w] = tm;
     __syncthreads();
     tm = scratch[0];
-    for (int w = 1; w < kAttnTile / kWarp; ++w) tm = fmaxf(tm, scratch[w]);
+#pragma unroll
+    for (int u = 1; u < kWarps; ++u) tm = fmaxf(tm, scratch[u]);
     __syncthreads();
     const float m_new = fmaxf(m, tm);
-    const float pj = j < L ? expf(sc - m_new) : 0.0f;
+    const float pj = static_cast<int>(threadIdx.x) < n ? expf(sc - m_new) : 0.0f;
     p[threadIdx.x] = pj;
-    const float tsum = block_sum<kAttnTile>(pj, scratch);  // its barriers also publish p
+    const float tsum = block_sum<kAttnThreads>(pj, scratch);  // its barriers also publish p
     const float rescale = expf(m - m_new);
     sum = sum * rescale + tsum;
-    const int64_t n = L - tile < kAttnTile ? L - tile : kAttnTile;
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int64_t d = threadIdx.x + u * kAttnTile;
+    for (int u = 0; u < kAttnMaxD / kAttnThreads; ++u) {
+      const int64_t d = threadIdx.x + u * kAttnThreads;
       if (d >= D) continue;
+      const float* vr = vc + (tile * n_kv + kvh) * D + d;
       float a = acc[u] * rescale;
 #pragma unroll 8
-      for (int64_t jj = 0; jj < n; ++jj) a = fmaf(p[jj], vc[((tile + jj) * n_kv + kvh) * D + d], a);
+      for (int jj = 0; jj < n; ++jj) a = fmaf(p[jj], vr[jj * n_kv * D], a);
       acc[u] = a;
     }
     m = m_new;
     __syncthreads();
   }
-  float* o = out + (t * n_heads + h) * D;
 #pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const int64_t d = threadIdx.x + u * kAttnTile;
-    if (d >= D) continue;
-    const float a = acc[u] / sum;
-    // The output gate: o * sigmoid(gate) (mul_sigmoid_kernel's arithmetic).
-    o[d] = gate ? a * (1.0f / (1.0f + expf(-gate[(t * n_heads + h) * D + d]))) : a;
+  for (int u = 0; u < kAttnMaxD / kAttnThreads; ++u) {
+    const int64_t d = threadIdx.x + u * kAttnThreads;
+    if (d < D) acc_s[d] = acc[u];
   }
+  if (threadIdx.x == 0) ml[0] = m, ml[1] = sum;
+  cluster.sync();
+  const int64_t per = (D + kAttnSplits - 1) / kAttnSplits, d = split * per + threadIdx.x;
+  if (threadIdx.x < per && d < D) {
+    float ms[kAttnSplits], M = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < kAttnSplits; ++r) {
+      ms[r] = cluster.map_shared_rank(ml, r)[0];
+      M = fmaxf(M, ms[r]);
+    }
+    float num = 0, den = 0;
+#pragma unroll
+    for (int r = 0; r < kAttnSplits; ++r) {
+      const float e = expf(ms[r] - M);
+      num = fmaf(e, cluster.map_shared_rank(acc_s, r)[d], num);
+      den = fmaf(e, cluster.map_shared_rank(ml, r)[1], den);
+    }
+    const float a = num / den;
+    // The output gate: o * sigmoid(gate) (mul_sigmoid_kernel's arithmetic).
+    out[(t * n_heads + h) * D + d] =
+        gate ? a * (1.0f / (1.0f + expf(-gate[(t * n_heads + h) * D + d]))) : a;
+  }
+  cluster.sync();  // no block leaves while another may read its shared memory
 }
 
 // One warp per token (4 per block); lane l holds logits e = l + 32 m for m < 16 in registers
 // (the rest, E > 512, read again from memory).
 constexpr int kRouteRegs = 16;
-__global__ void route_topk_kernel(const float* __restrict__ logits, int64_t n, int64_t E, int64_t k,
-                                  bool renorm, int32_t* __restrict__ experts,
+__global__ void route_topk_kernel(const float* __restrict__ logits, int64_t n, int64_t E,
+                                  int64_t ld, int64_t k, bool renorm, int32_t* __restrict__ experts,
                                   float* __restrict__ weights) {
   pdl_enter();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / kWarp;
   if (t >= n) return;  // whole warps
   const int lane = threadIdx.x % kWarp;
-  const float* l = logits + t * E;
+  const float* l = logits + t * ld;
   float lv[kRouteRegs];
 #pragma unroll
   for (int m = 0; m < kRouteRegs; ++m) {
@@ -1139,6 +1189,84 @@ __global__ void split_qkvz_gates_kernel(const float* __restrict__ PB, int64_t Hk
   }
 }
 
+// Block (head slot, sequence) of kPrepThreads threads: slots < Hk are q heads, then Hk k heads,
+// then Hv v heads; thread i < Dh (Dk or Dv) owns the head's conv channel c and walks the
+// sequence's tokens as conv_silu_seqs_kernel does (same sums); a q or k head's outputs are then
+// l2-normed per token as l2norm_scale_kernel (the squares by a block tree: the same bits, the
+// missing lanes adding zeros); a v head also copies its z row and computes its gates.
+constexpr int kPrepThreads = 128;
+__global__ void __launch_bounds__(kPrepThreads)
+    gdn_prep_kernel(const float* __restrict__ PB, const int32_t* __restrict__ starts,
+                    float* const* state, float* const* hist, const float* __restrict__ w,
+                    int64_t Hk, int64_t Dk, int64_t r, int64_t Dv, int64_t K,
+                    const float* __restrict__ dt_bias, const float* __restrict__ neg_exp_a,
+                    float q_scale, float* __restrict__ q, float* __restrict__ kk,
+                    float* __restrict__ v, float* __restrict__ z, float* __restrict__ beta,
+                    float* __restrict__ g) {
+  pdl_enter();
+  __shared__ float scratch[kPrepThreads / kWarp];
+  const int64_t kd = Hk * Dk, Hv = Hk * r, C = 2 * kd + Hv * Dv, G = 2 * Dk + 2 * r * Dv;
+  const int64_t W = Hk * G + Hk * 2 * r, slot = blockIdx.x, seq = blockIdx.y;
+  const int kind = slot < Hk ? 0 : slot < 2 * Hk ? 1 : 2;  // q, k, v
+  const int64_t hh = kind == 0 ? slot : kind == 1 ? slot - Hk : slot - 2 * Hk;
+  const int64_t i = threadIdx.x, Dh = kind == 2 ? Dv : Dk;
+  const bool live = i < Dh;
+  // The channel's column in PB's row and in the conv's [q | k | v] order.
+  const int64_t grp = kind == 2 ? hh / r : hh, j = kind == 2 ? hh % r : 0;
+  const int64_t col = grp * G + (kind == 0 ? i : kind == 1 ? Dk + i : 2 * Dk + j * Dv + i);
+  const int64_t c = kind == 0 ? hh * Dk + i : kind == 1 ? kd + hh * Dk + i : 2 * kd + hh * Dv + i;
+  float* st = state[seq];
+  float* hs = hist != nullptr ? hist[seq] : nullptr;  // [(K-1) + T, C] or none
+  float win[kMaxConv], wc[kMaxConv];
+#pragma unroll
+  for (int m = 0; m < kMaxConv; ++m) {
+    win[m] = live && m < K - 1 ? st[m * C + c] : 0.0f;
+    wc[m] = live && m < K ? w[c * K + m] : 0.0f;
+    if (live && hs != nullptr && m < K - 1) hs[m * C + c] = win[m];
+  }
+  const int64_t t0 = starts[seq], t1 = starts[seq + 1];
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* P = PB + t * W;
+    const float xin = live ? P[col] : 0.0f;
+    if (live && hs != nullptr) hs[(K - 1 + t - t0) * C + c] = xin;
+    float acc = 0;
+#pragma unroll
+    for (int m = 0; m < kMaxConv; ++m)
+      if (m < K) acc = fmaf(wc[m], m < K - 1 ? win[m] : xin, acc);
+#pragma unroll
+    for (int m = 0; m < kMaxConv - 1; ++m) {
+      if (m < K - 2) win[m] = win[m + 1];
+      if (m == K - 2) win[m] = xin;
+    }
+    const float out = acc / (1.0f + expf(-acc));
+    if (kind == 2) {
+      if (live) {
+        v[(t * Hv + hh) * Dv + i] = out;
+        z[(t * Hv + hh) * Dv + i] = P[grp * G + 2 * Dk + r * Dv + j * Dv + i];
+      }
+      if (i == 0) {  // split_qkvz_gates_kernel's gates
+        const float* BA = P + Hk * G + grp * 2 * r;
+        const float b = BA[j], a = BA[r + j];
+        beta[t * Hv + hh] = 1.0f / (1.0f + expf(-b));
+        const float x = a + dt_bias[hh];
+        g[t * Hv + hh] = neg_exp_a[hh] * (x > 20.0f ? x : log1pf(expf(x)));
+      }
+    } else {
+      const float ss = block_sum<kPrepThreads>(fmaf(out, out, 0.0f), scratch);
+      const float rn = rsqrtf(ss + 1e-6f);
+      if (live) {
+        if (kind == 0)
+          q[(t * Hk + hh) * Dk + i] = out * rn * q_scale;
+        else
+          kk[(t * Hk + hh) * Dk + i] = out * rn * 1.0f;
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kMaxConv; ++m)
+    if (live && m < K - 1) st[m * C + c] = win[m];
+}
+
 __global__ void gdn_gates_kernel(const float* __restrict__ b, const float* __restrict__ a,
                                  const float* __restrict__ dt_bias,
                                  const float* __restrict__ neg_exp_a, int64_t n, int64_t Hv,
@@ -1358,13 +1486,13 @@ void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd
 }
 
 void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t n, int64_t k,
-                 int64_t H, const float* shared, const float* gate, float* y, cudaStream_t stream,
-                 bool shared_in_o) {
+                 int64_t H, const float* shared, bool shared_in_o, const float* gate,
+                 int64_t gate_stride, float* x, const float* norm, float eps, float* xn,
+                 cudaStream_t stream) {
   TF_CUDA_REQUIRE(k <= 64, "moe_combine: at most 64 experts per token");
   if (n == 0) return;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((H + 255) / 256));
-  launch(moe_combine_kernel, grid, 256, 0, stream, o, experts, w, k, H, shared, shared_in_o, gate,
-         y);
+  launch(moe_combine_kernel, static_cast<unsigned>(n), kCombineThreads, 0, stream, o, experts, w, k,
+         H, shared, shared_in_o, gate, gate_stride, x, norm, eps, xn);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1527,10 +1655,9 @@ void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cac
                const float* v_cache, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
                float* out, cudaStream_t stream) {
   if (T == 0) return;
-  TF_CUDA_REQUIRE(D <= 4 * kAttnTile, "attention: head_dim above 512");
-  const size_t smem = (D + kAttnTile + kAttnTile / kWarp) * sizeof(float);
-  launch(attention_kernel, static_cast<unsigned>(T * n_heads), kAttnTile, smem, stream, q, pos,
-         k_cache, v_cache, nullptr, nullptr, n_heads, n_kv, D, scale, nullptr, out);
+  TF_CUDA_REQUIRE(D <= kAttnMaxD, "attention: head_dim above 512");
+  launch(attention_kernel, static_cast<unsigned>(T * n_heads * kAttnSplits), kAttnThreads, 0,
+         stream, q, pos, k_cache, v_cache, nullptr, nullptr, n_heads, n_kv, D, scale, nullptr, out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1538,18 +1665,17 @@ void attention_table(const float* q, int64_t T, const int64_t* pos, const float*
                      const float* const* vc, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
                      const float* gate, float* out, cudaStream_t stream) {
   if (T == 0) return;
-  TF_CUDA_REQUIRE(D <= 4 * kAttnTile, "attention: head_dim above 512");
-  const size_t smem = (D + kAttnTile + kAttnTile / kWarp) * sizeof(float);
-  launch(attention_kernel, static_cast<unsigned>(T * n_heads), kAttnTile, smem, stream, q, pos,
-         nullptr, nullptr, kc, vc, n_heads, n_kv, D, scale, gate, out);
+  TF_CUDA_REQUIRE(D <= kAttnMaxD, "attention: head_dim above 512");
+  launch(attention_kernel, static_cast<unsigned>(T * n_heads * kAttnSplits), kAttnThreads, 0,
+         stream, q, pos, nullptr, nullptr, kc, vc, n_heads, n_kv, D, scale, gate, out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
-void route_topk(const float* logits, int64_t n, int64_t E, int64_t k, bool renorm, int32_t* experts,
-                float* weights, cudaStream_t stream) {
+void route_topk(const float* logits, int64_t n, int64_t E, int64_t ld, int64_t k, bool renorm,
+                int32_t* experts, float* weights, cudaStream_t stream) {
   if (n == 0) return;
   launch(route_topk_kernel, static_cast<unsigned>((n + 3) / 4), 4 * kWarp, 0, stream, logits, n, E,
-         k, renorm, experts, weights);
+         ld, k, renorm, experts, weights);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1579,6 +1705,19 @@ void split_qkvz_gates(const float* PB, int64_t n, int64_t Hk, int64_t Dk, int64_
   if (n == 0) return;
   launch(split_qkvz_gates_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(Hk)), 256, 0,
          stream, PB, Hk, Dk, r, Dv, dt_bias, neg_exp_a, xc, z, beta, g);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void gdn_prep(const float* PB, const int32_t* starts, float* const* state, float* const* hist,
+              const float* conv_w, int64_t nseq, int64_t Hk, int64_t Dk, int64_t r, int64_t Dv,
+              int64_t K, const float* dt_bias, const float* neg_exp_a, float q_scale, float* q,
+              float* k, float* v, float* z, float* beta, float* g, cudaStream_t stream) {
+  TF_CUDA_REQUIRE(K <= kMaxConv, "gdn_prep: conv kernel above 8");
+  TF_CUDA_REQUIRE(Dk <= kPrepThreads && Dv <= kPrepThreads, "gdn_prep: head dims above 128");
+  if (nseq == 0) return;
+  const dim3 grid(static_cast<unsigned>(2 * Hk + Hk * r), static_cast<unsigned>(nseq));
+  launch(gdn_prep_kernel, grid, kPrepThreads, 0, stream, PB, starts, state, hist, conv_w, Hk, Dk, r,
+         Dv, K, dt_bias, neg_exp_a, q_scale, q, k, v, z, beta, g);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -66,19 +66,22 @@ void delta_rule_recurrent(const float* q, const float* k, const float* v, const 
 
 // Causal GQA attention of T queries of one sequence over its cache, as cpu::attention: q
 // [T, n_heads, D]; k_cache, v_cache [L, n_kv, D]; query t sees rows 0..pos[t] (pos on device).
-// One block per (t, head); keys in tiles of 128 with a running max (online softmax), each tile's
-// keys accumulated in ascending order. A score is 8 lanes' dot: lane s sums dims s + 8 m in
-// order, then a xor tree over the 8.
+// A cluster of 8 blocks per (t, head), block r taking the r-th of 8 contiguous chunks of the
+// keys (ceil(L / 8) each; the split depends on L only, never on the batch), each in tiles of 128
+// keys with a running max (online softmax); the 8 partials are joined in split order through
+// distributed shared memory. A score is a warp's dot: lane l sums dims l + 32 c in order, then the
+// xor tree. D <= 512.
 void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cache,
                const float* v_cache, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
                float* out, cudaStream_t stream);
 
 // MoE routing per token: softmax over E logits (fp32), the top k (ties to the lower index), their
-// weights renormalised over the k when `renorm`. logits [n, E]; experts, weights [n, k].
+// weights renormalised over the k when `renorm`. logits [n, ld] (the first E of each row);
+// experts, weights [n, k].
 // One warp per token: the softmax max and sum by per-lane partials (lane l: e = l + 32 m, m
 // ascending) and the xor-shuffle tree; pick s is the largest (logit, lower index) below pick s-1.
-void route_topk(const float* logits, int64_t n, int64_t E, int64_t k, bool renorm, int32_t* experts,
-                float* weights, cudaStream_t stream);
+void route_topk(const float* logits, int64_t n, int64_t E, int64_t ld, int64_t k, bool renorm,
+                int32_t* experts, float* weights, cudaStream_t stream);
 
 // ---- MoE experts read from device memory (no host round trip; capturable in a CUDA graph) ----
 // Experts are packed: wg, wu [E, I, H] and wd [E, H, I] in `wtype` (bf16 or f32).
@@ -112,14 +115,16 @@ void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd
                      int64_t H, int64_t k, int64_t E, int64_t n, const int32_t* sorted,
                      const void* tiles, const int32_t* n_tiles, const float* x, float* h, float* o,
                      cudaStream_t stream);
-// Combine per token: y[t] = sum over the k slots in ascending expert index of w[t, j] o[t, j]
-// (fmaf from 0, the CPU model's order), then y[t] = fmaf(sigmoid(gate[t]), shared[t], y[t]) when
-// `shared` is given. o [n, k, H], experts, w [n, k], shared [n, H], gate [n], y [n, H].
-// shared_in_o: o is [n, k + 1, H] with the shared expert's output in slot k (then `shared` is
-// not read).
+// The MoE output joined to the residual, and normed for the next layer, per token: y = the sum
+// over the k slots in ascending expert index of w[t, j] o[t, j] (fmaf from 0, the CPU model's
+// order), then y = fmaf(sigmoid(gate[t gate_stride]), shared[t], y) when there is a shared
+// expert; x[t] += y; then, when `norm` is given, xn[t] = rmsnorm_zc(x[t]) (weight norm [H]).
+// o [n, k, H], experts, w [n, k], shared [n, H] or none, x, xn [n, H]. shared_in_o: o is [n, k + 1,
+// H] with the shared expert's output in slot k (then `shared` is not read). One block per token.
 void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t n, int64_t k,
-                 int64_t H, const float* shared, const float* gate, float* y, cudaStream_t stream,
-                 bool shared_in_o = false);
+                 int64_t H, const float* shared, bool shared_in_o, const float* gate,
+                 int64_t gate_stride, float* x, const float* norm, float eps, float* xn,
+                 cudaStream_t stream);
 
 // The attention block's row-local work in one kernel, from the stacked projection qkv [n, nh 2 D +
 // 2 n_kv D] (per head [query D | gate D], then k, then v): q = rope(rmsnorm_zc(query, q_norm))
@@ -202,6 +207,16 @@ void gdn_gates(const float* b, const float* a, const float* dt_bias, const float
 void split_qkvz_gates(const float* PB, int64_t n, int64_t Hk, int64_t Dk, int64_t r, int64_t Dv,
                       const float* dt_bias, const float* neg_exp_a, float* xc, float* z,
                       float* beta, float* g, cudaStream_t stream);
+
+// A Gated DeltaNet layer's row-local work before the delta rule, for nseq sequences in one
+// launch, bitwise split_qkvz_gates, then conv_silu_seqs (state, hist as there), then
+// l2norm_scale_qk (eps 1e-6, q scaled by q_scale): from the stacked projection PB [n, Hk G +
+// Hk 2 r] to q, k [n, Hk Dk], v, z [n, Hk r Dv], beta, g [n, Hk r]. One block per (head,
+// sequence). Dk, Dv <= 128, K <= 8.
+void gdn_prep(const float* PB, const int32_t* starts, float* const* state, float* const* hist,
+              const float* conv_w, int64_t nseq, int64_t Hk, int64_t Dk, int64_t r, int64_t Dv,
+              int64_t K, const float* dt_bias, const float* neg_exp_a, float q_scale, float* q,
+              float* k, float* v, float* z, float* beta, float* g, cudaStream_t stream);
 
 // Copies n segments of floats, segs [n, 3] (device) = {dst, src, count} each (the pointers as
 // 8-byte words; 16-byte aligned with count a multiple of 4, or not: both work); segments must not
