@@ -193,6 +193,7 @@ void kernel_table(const ModelConfig& c, int64_t ctx) {
             reps),
         0);
     DevBuf logits(64 * E * 4);
+    cudaMemset(logits.p, 0, 64 * E * 4);
     row("route_topk",
         time_graph(
             [&](int, cudaStream_t s) {

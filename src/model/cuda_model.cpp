@@ -545,6 +545,9 @@ constexpr size_t kMaxGraphVerify = 17;
 // MoE steps of up to this many tokens read each slot's expert (expert_gate_up / expert_down);
 // larger ones group the slots by expert (grouped_experts), reading each expert once per 8 slots.
 constexpr int64_t kSlotTokens = 8;
+// Steps of up to this many tokens run a Gated DeltaNet layer's prep in one kernel (gdn_prep);
+// longer ones (prompts) in three, whose norms run over all rows at once (the same bits).
+constexpr int64_t kPrepTokens = 64;
 // Scratch slots (each a distinct device buffer, grown on demand).
 enum Slot : int {
   kX,
@@ -554,6 +557,7 @@ enum Slot : int {
   kQ,
   kGate,
   kO,
+  kXc,
   kZ,
   kBeta,
   kG,
@@ -1065,10 +1069,21 @@ void CudaModel::deltanet_layer(const DevLayer& L, const Table& tb, int64_t N, in
   float* vv = scratch(kVv, N * Hv * Dv);
   const int64_t lg = ordinal_[&L - layers_.data()];
   const int32_t* starts = tb.at<int32_t>(tb.starts);
-  cuda::gdn_prep(PB, starts, tb.at<float* const>(tb.conv + lg * nseq),
-                 tb.at<float* const>(tb.conv_hist + lg * nseq), L.conv.data(), nseq, Hk, Dk, r, Dv,
-                 c.linear_conv_kernel_dim, L.dt_bias.data(), L.neg_exp_a.data(),
-                 1.0f / std::sqrt(static_cast<float>(Dk)), qq, kk, vv, z, beta, g, s);
+  float* const* conv = tb.at<float* const>(tb.conv + lg * nseq);
+  float* const* conv_hist = tb.at<float* const>(tb.conv_hist + lg * nseq);
+  const int64_t K = c.linear_conv_kernel_dim;
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(Dk));
+  if (N <= kPrepTokens) {  // one launch; a block per head walks its sequence's tokens
+    cuda::gdn_prep(PB, starts, conv, conv_hist, L.conv.data(), nseq, Hk, Dk, r, Dv, K,
+                   L.dt_bias.data(), L.neg_exp_a.data(), q_scale, qq, kk, vv, z, beta, g, s);
+  } else {  // prompts: the same bits in three launches, the norms over all rows at once
+    float* xc = scratch(kXc, N * c.conv_dim());
+    cuda::split_qkvz_gates(PB, N, Hk, Dk, r, Dv, L.dt_bias.data(), L.neg_exp_a.data(), xc, z, beta,
+                           g, s);
+    cuda::conv_silu_seqs(xc, starts, conv, conv_hist, L.conv.data(), nseq, c.conv_dim(), K, kd, qq,
+                         kk, vv, s);
+    cuda::l2norm_scale_qk(qq, N * Hk, N * Hk, Dk, 1e-6f, q_scale, s);
+  }
   float* o = scratch(kO, N * Hv * Dv);
   cuda::delta_rule_seqs(qq, kk, vv, g, beta, starts, tb.at<float* const>(tb.S + lg * nseq),
                         tb.at<float* const>(tb.S_hist + lg * nseq), nseq, Hk, Hv, Dk, Dv, o, s);

@@ -163,32 +163,113 @@ __device__ __forceinline__ void warp_dots(const W* __restrict__ wr, int64_t cols
       }
     }
   }
-  for (; k < cols; k += kStride) {
-    float wv[8];
-    load8(wr + k, wv);
+  // The last 0 .. 3 chunks, all loaded before their FMAs (same order).
+  float wt[3][8];
 #pragma unroll
-    for (int u = 0; u < kT; ++u) {
-      if (u >= nt) break;
+  for (int c = 0; c < 3; ++c)
+    if (k + c * kStride < cols) load8(wr + k + c * kStride, wt[c]);
+#pragma unroll
+  for (int u = 0; u < kT; ++u) {
+    if (u >= nt) break;
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+      if (k + c * kStride >= cols) break;
       float xv[8];
-      load8(xrow(u) + k, xv);
+      load8(xrow(u) + k + c * kStride, xv);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[u] = fmaf(wv[i], xv[i], acc[u]);
+      for (int i = 0; i < 8; ++i) acc[u] = fmaf(wt[c][i], xv[i], acc[u]);
     }
   }
 #pragma unroll
   for (int u = 0; u < kT; ++u) acc[u] = warp_sum(acc[u]);
 }
 
-// Block (row group, token tile): warp w computes the kMatRows rows from
-// (blockIdx.x * kWarpsPerBlock + w) * kMatRows for the tile's tokens blockIdx.y * kTokTile + u,
-// each x chunk loaded once for the warp's rows. Per (row, token) the sum is warp_dots' (lane l:
-// k = 8 l + 256 j + i in order of j then i, then the xor tree), whatever the tile or the rows.
+// Block (row group, token tile): warp w computes the kMatRows rows from (blockIdx.x * warps + w) *
+// kMatRows for the tile's tokens blockIdx.y * kT + u (warp_rows: each x chunk loaded once for the
+// warp's rows, kC chunks of 256 columns of every row loaded before their FMAs). Per (row, token)
+// the sum is warp_dots' (lane l: k = 8 l + 256 j + i in order of j then i, then the xor tree),
+// whatever the tile, the rows per warp or the chunks in flight. kT: tokens per tile, 1 for
+// one-token products (fewer registers, more warps per SM) and kTokTile otherwise.
 constexpr int kWarpsPerBlock = 8;
 constexpr int kTokTile = 8;
 constexpr int kMatRows = 4;
-// kT: tokens per tile, 1 for one-token products (fewer registers, more warps per SM) and
-// kTokTile otherwise; the per-(row, token) arithmetic is the same in both.
-template <class W, int kT>
+// The calling warp's dots of rows r0 .. r0 + nr - 1 of w [rows, cols] with the nt token rows of
+// xt [nt, cols] (matmul_kernel's arithmetic), into acc[q][u] (lane sums, before the xor tree).
+template <class W, int kT, int kR, int kC>
+__device__ __forceinline__ void warp_rows(const W* __restrict__ w, int64_t r0, int nr, int64_t cols,
+                                          const float* __restrict__ xt, int nt,
+                                          float (&acc)[kR][kT]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int q = 0; q < kR; ++q)
+#pragma unroll
+    for (int u = 0; u < kT; ++u) acc[q][u] = 0;
+  constexpr int64_t kStride = 8 * kWarp;
+  int64_t k = 8 * lane;
+  for (; k + (kC - 1) * kStride < cols; k += kC * kStride) {
+    Raw8<W> wv[kC][kR];
+#pragma unroll
+    for (int c = 0; c < kC; ++c)
+#pragma unroll
+      for (int q = 0; q < kR; ++q)
+        if (q < nr) wv[c][q].load(w + (r0 + q) * cols + k + c * kStride);
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      if (u >= nt) break;
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        float xv[8];
+        load8(xt + u * cols + k + c * kStride, xv);
+#pragma unroll
+        for (int q = 0; q < kR; ++q)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[q][u] = fmaf(wv[c][q].at(i), xv[i], acc[q][u]);
+      }
+    }
+  }
+  if constexpr (kT == 1) {
+    // The last 0 .. kC-1 chunks, up to kH at a time loaded before their FMAs (same order).
+    constexpr int kH = kC > 2 ? kC / 2 : 1;
+    for (; k < cols; k += kH * kStride) {
+      Raw8<W> wt[kH][kR];
+#pragma unroll
+      for (int c = 0; c < kH; ++c)
+#pragma unroll
+        for (int q = 0; q < kR; ++q)
+          if (q < nr && k + c * kStride < cols)
+            wt[c][q].load(w + (r0 + q) * cols + k + c * kStride);
+#pragma unroll
+      for (int c = 0; c < kH; ++c) {
+        if (k + c * kStride >= cols) break;
+        float xv[8];
+        load8(xt + k + c * kStride, xv);
+#pragma unroll
+        for (int q = 0; q < kR; ++q)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[q][0] = fmaf(wt[c][q].at(i), xv[i], acc[q][0]);
+      }
+    }
+  } else {
+    for (; k < cols; k += kStride) {
+      Raw8<W> wv[kR];
+#pragma unroll
+      for (int q = 0; q < kR; ++q)
+        if (q < nr) wv[q].load(w + (r0 + q) * cols + k);
+#pragma unroll
+      for (int u = 0; u < kT; ++u) {
+        if (u >= nt) break;
+        float xv[8];
+        load8(xt + u * cols + k, xv);
+#pragma unroll
+        for (int q = 0; q < kR; ++q)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[q][u] = fmaf(wv[q].at(i), xv[i], acc[q][u]);
+      }
+    }
+  }
+}
+
+template <class W, int kT, int kC>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
     matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t cols, const float* __restrict__ x,
                   int64_t n, float* __restrict__ y) {
@@ -200,52 +281,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
   const int nt = static_cast<int>(n - t0 < kT ? n - t0 : kT);
   const int nr = static_cast<int>(rows - r0 < kMatRows ? rows - r0 : kMatRows);
   const int lane = threadIdx.x % kWarp;
-  const float* xt = x + t0 * cols;
   float acc[kMatRows][kT];
-#pragma unroll
-  for (int q = 0; q < kMatRows; ++q)
-#pragma unroll
-    for (int u = 0; u < kT; ++u) acc[q][u] = 0;
-  constexpr int64_t kStride = 8 * kWarp;
-  int64_t k = 8 * lane;
-  // Two chunks of every row loaded before their FMAs (8 loads of 16 bytes in flight per lane).
-  for (; k + kStride < cols; k += 2 * kStride) {
-    Raw8<W> wv[2][kMatRows];
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-#pragma unroll
-      for (int q = 0; q < kMatRows; ++q)
-        if (q < nr) wv[c][q].load(w + (r0 + q) * cols + k + c * kStride);
-#pragma unroll
-    for (int u = 0; u < kT; ++u) {
-      if (u >= nt) break;
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float xv[8];
-        load8(xt + u * cols + k + c * kStride, xv);
-#pragma unroll
-        for (int q = 0; q < kMatRows; ++q)
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[q][u] = fmaf(wv[c][q].at(i), xv[i], acc[q][u]);
-      }
-    }
-  }
-  for (; k < cols; k += kStride) {
-    Raw8<W> wv[kMatRows];
-#pragma unroll
-    for (int q = 0; q < kMatRows; ++q)
-      if (q < nr) wv[q].load(w + (r0 + q) * cols + k);
-#pragma unroll
-    for (int u = 0; u < kT; ++u) {
-      if (u >= nt) break;
-      float xv[8];
-      load8(xt + u * cols + k, xv);
-#pragma unroll
-      for (int q = 0; q < kMatRows; ++q)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[q][u] = fmaf(wv[q].at(i), xv[i], acc[q][u]);
-    }
-  }
+  warp_rows<W, kT, kMatRows, kC>(w, r0, nr, cols, x + t0 * cols, nt, acc);
 #pragma unroll
   for (int q = 0; q < kMatRows; ++q) {
 #pragma unroll
@@ -279,20 +316,28 @@ __global__ void expert_gate_up_kernel(const W* __restrict__ wg, const W* __restr
   if (threadIdx.x % kWarp == 0) h[slot * I + i] = g[0] / (1.0f + expf(-g[0])) * u[0];
 }
 
+// Block (row group, slot): warp w computes rows d = (blockIdx.x warps + w) kMatRows .. of the
+// slot's expert (matmul's one-token arithmetic, the same bits as warp_dots per row).
 template <class W>
-__global__ void expert_down_kernel(const W* __restrict__ wd, const W* __restrict__ sd, int64_t H,
-                                   int64_t I, const int32_t* __restrict__ experts, int64_t k,
-                                   const float* __restrict__ h, float* __restrict__ o) {
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
+    expert_down_kernel(const W* __restrict__ wd, const W* __restrict__ sd, int64_t H, int64_t I,
+                       const int32_t* __restrict__ experts, int64_t k, const float* __restrict__ h,
+                       float* __restrict__ o) {
   pdl_enter();
-  const int64_t d = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  if (d >= H) return;
+  const int64_t d0 =
+      (static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp) * kMatRows;
+  if (d0 >= H) return;
   const int64_t kk = sd ? k + 1 : k, slot = blockIdx.y, t = slot / kk, j = slot % kk;
   const bool sh = sd && j == k;
   const int64_t e = experts && !sh ? experts[t * k + j] : 0;
-  float acc[1];
-  const float* hs = h + slot * I;
-  warp_dots<1>((sh ? sd : wd) + (e * H + d) * I, I, [hs](int) { return hs; }, 1, acc);
-  if (threadIdx.x % kWarp == 0) o[slot * H + d] = acc[0];
+  const int nr = static_cast<int>(H - d0 < kMatRows ? H - d0 : kMatRows);
+  float acc[kMatRows][1];
+  warp_rows<W, 1, kMatRows, 2>((sh ? sd : wd) + e * H * I, d0, nr, I, h + slot * I, 1, acc);
+#pragma unroll
+  for (int q = 0; q < kMatRows; ++q) {
+    const float v = warp_sum(acc[q][0]);
+    if (threadIdx.x % kWarp == 0 && q < nr) o[slot * H + d0 + q] = v;
+  }
 }
 
 // Groups the n k slots by expert (one block; thread e per expert): sorted [n k] holds the slots
@@ -458,55 +503,67 @@ __global__ void grouped_down_kernel(const W* __restrict__ wd, int64_t H, int64_t
   }
 }
 
-// One block per token; thread 0 orders the k slots by expert index (k <= 64). Slot j of token t
-// is o[t kk + j] (kk = k, or k + 1 with the shared expert's output in slot k when shared_in_o).
-// Thread i takes dims i + kCombineThreads m (m ascending): the combine, x += it, the squares;
-// then the block tree and the norm.
-constexpr int kCombineThreads = 1024;
-__global__ void __launch_bounds__(kCombineThreads)
+// A cluster of kCombineSplit blocks per token, block b taking dims b ceil(H / kCombineSplit) ..;
+// the k slots ordered by expert index (thread j < k <= 64 finds its slot's rank). Slot j of token
+// t is o[t kk + j] (kk = k, or k + 1 with the shared expert's output in slot k when shared_in_o).
+// Thread i takes the block's dims i + kCombineThreads m (m ascending): the combine, x += it, the
+// squares; a block tree, then the blocks' partial sums added in block order (distributed shared
+// memory), then the norm.
+constexpr int kCombineThreads = 256, kCombineSplit = 8;
+__global__ void __cluster_dims__(kCombineSplit, 1, 1) __launch_bounds__(kCombineThreads)
     moe_combine_kernel(const float* __restrict__ o, const int32_t* __restrict__ experts,
                        const float* __restrict__ w, int64_t k, int64_t H,
                        const float* __restrict__ shared, bool shared_in_o,
                        const float* __restrict__ gate, int64_t gate_stride, float* __restrict__ x,
                        const float* __restrict__ norm, float eps, float* __restrict__ xn) {
   pdl_enter();
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
   __shared__ int order[64], eid[64];
   __shared__ float wo[64];  // the weights in that order
-  __shared__ float scratch[kCombineThreads / kWarp];
-  const int64_t t = blockIdx.x, kk = shared_in_o ? k + 1 : k;
+  __shared__ float scratch[kCombineThreads / kWarp], part[1];
+  const int64_t t = blockIdx.x / kCombineSplit, kk = shared_in_o ? k + 1 : k;
+  const int b = static_cast<int>(cluster.block_rank());
   if (threadIdx.x < k) eid[threadIdx.x] = experts[t * k + threadIdx.x];
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int j = 0; j < k; ++j) {
-      int p = j;
-      while (p > 0 && eid[order[p - 1]] > eid[j]) {
-        order[p] = order[p - 1];
-        --p;
-      }
-      order[p] = j;
-    }
-    for (int j = 0; j < k; ++j) wo[j] = w[t * k + order[j]];
+  if (threadIdx.x < k) {  // the stable order of the ids: ties (none for top-k) by slot
+    const int j = threadIdx.x, e = eid[j];
+    int rank = 0;
+    for (int i = 0; i < k; ++i) rank += eid[i] < e || (eid[i] == e && i < j);
+    order[rank] = j;
+    wo[rank] = w[t * k + j];
   }
   __syncthreads();
   const float* sh = shared_in_o ? o + (t * kk + k) * H : shared ? shared + t * H : nullptr;
   const float gs = sh ? 1.0f / (1.0f + expf(-gate[t * gate_stride])) : 0.0f;
   float* xr = x + t * H;
+  const int64_t per = (H + kCombineSplit - 1) / kCombineSplit;
+  const int64_t d0 = b * per, d1 = d0 + per < H ? d0 + per : H;
   float ss = 0;
-  for (int64_t d = threadIdx.x; d < H; d += kCombineThreads) {
+  for (int64_t d = d0 + threadIdx.x; d < d1; d += kCombineThreads) {
     // The sum in ascending expert order; the unrolled body issues its loads before its FMAs.
     float acc = 0;
-#pragma unroll 16
-    for (int jj = 0; jj < k; ++jj) acc = fmaf(o[(t * kk + order[jj]) * H + d], wo[jj], acc);
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj)
+      if (jj < k) acc = fmaf(o[(t * kk + order[jj]) * H + d], wo[jj], acc);
+    for (int jj = 16; jj < k; ++jj) acc = fmaf(o[(t * kk + order[jj]) * H + d], wo[jj], acc);
     if (sh) acc = fmaf(gs, sh[d], acc);
     const float v = xr[d] + acc;
     xr[d] = v;
     ss = fmaf(v, v, ss);
   }
-  if (norm == nullptr) return;  // the whole block
+  if (norm == nullptr) return;  // the whole cluster
   ss = block_sum<kCombineThreads>(ss, scratch);
-  const float rs = rsqrtf(ss / static_cast<float>(H) + eps);
+  if (threadIdx.x == 0) part[0] = ss;
+  cluster.sync();
+  float total = 0;
+#pragma unroll
+  for (int r = 0; r < kCombineSplit; ++r) total += cluster.map_shared_rank(part, r)[0];
+  const float rs = rsqrtf(total / static_cast<float>(H) + eps);
   float* yr = xn + t * H;
-  for (int64_t d = threadIdx.x; d < H; d += kCombineThreads) yr[d] = xr[d] * rs * (1.0f + norm[d]);
+  for (int64_t d = d0 + threadIdx.x; d < d1; d += kCombineThreads)
+    yr[d] = xr[d] * rs * (1.0f + norm[d]);
+  cluster.sync();  // no block leaves while another may read its shared memory
 }
 
 // Block (token t, head): heads < n_heads take the query [D] and gate [D] of the stacked
@@ -936,67 +993,75 @@ __global__ void __cluster_dims__(kAttnSplits, 1, 1) __launch_bounds__(kAttnThrea
   cluster.sync();  // no block leaves while another may read its shared memory
 }
 
-// One warp per token (4 per block); lane l holds logits e = l + 32 m for m < 16 in registers
-// (the rest, E > 512, read again from memory).
-constexpr int kRouteRegs = 16;
-__global__ void route_topk_kernel(const float* __restrict__ logits, int64_t n, int64_t E,
-                                  int64_t ld, int64_t k, bool renorm, int32_t* __restrict__ experts,
-                                  float* __restrict__ weights) {
+// One block of kRouteThreads per token; thread i holds logits e = i + kRouteThreads m (one for
+// E <= 512). Floats compare as order-preserving unsigned keys, so "largest (logit, lower index)"
+// is a max of keys, then a min of indices among the holders: per warp by two reductions, then
+// over the warps' results (every warp redoes that join, so one barrier per pick: the warps'
+// results go to one of two buffers by pick parity). The softmax max and sum by block trees.
+constexpr int kRouteThreads = 512, kRouteWarps = kRouteThreads / kWarp;
+__device__ __forceinline__ unsigned order_key(float v) {
+  const unsigned b = __float_as_uint(v);
+  return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+__device__ __forceinline__ float key_value(unsigned key) {
+  return __uint_as_float(key & 0x80000000u ? key & 0x7fffffffu : ~key);
+}
+// The (key, index) of the largest of every thread's candidate (key 0 = none) in the block; rk, ri:
+// kRouteWarps entries of shared memory, free to write (the caller's barrier discipline).
+__device__ __forceinline__ void block_top(unsigned key, unsigned idx, unsigned* rk, unsigned* ri,
+                                          unsigned* top, unsigned* at) {
+  const int w = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  unsigned t = __reduce_max_sync(0xffffffffu, key);
+  unsigned i = __reduce_min_sync(0xffffffffu, key == t && key != 0 ? idx : 0xffffffffu);
+  if (lane == 0) rk[w] = t, ri[w] = i;
+  __syncthreads();
+  const unsigned k2 = lane < kRouteWarps ? rk[lane] : 0u;
+  const unsigned i2 = lane < kRouteWarps ? ri[lane] : 0xffffffffu;
+  t = __reduce_max_sync(0xffffffffu, k2);
+  *at = __reduce_min_sync(0xffffffffu, k2 == t && k2 != 0 ? i2 : 0xffffffffu);
+  *top = t;
+}
+__global__ void __launch_bounds__(kRouteThreads)
+    route_topk_kernel(const float* __restrict__ logits, int64_t E, int64_t ld, int64_t k,
+                      bool renorm, int32_t* __restrict__ experts, float* __restrict__ weights) {
   pdl_enter();
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / kWarp;
-  if (t >= n) return;  // whole warps
-  const int lane = threadIdx.x % kWarp;
+  __shared__ unsigned rk[2][kRouteWarps], ri[2][kRouteWarps];
+  __shared__ float scratch[kRouteWarps];
+  const int64_t t = blockIdx.x;
   const float* l = logits + t * ld;
-  float lv[kRouteRegs];
-#pragma unroll
-  for (int m = 0; m < kRouteRegs; ++m) {
-    const int64_t e = lane + kWarp * m;
-    lv[m] = e < E ? l[e] : -INFINITY;
-  }
-  float mx = -INFINITY;
-#pragma unroll
-  for (int m = 0; m < kRouteRegs; ++m) mx = fmaxf(mx, lv[m]);
-  for (int64_t e = lane + kWarp * kRouteRegs; e < E; e += kWarp) mx = fmaxf(mx, l[e]);
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float sum = 0;
-#pragma unroll
-  for (int m = 0; m < kRouteRegs; ++m)
-    if (lane + kWarp * m < E) sum += expf(lv[m] - mx);
-  for (int64_t e = lane + kWarp * kRouteRegs; e < E; e += kWarp) sum += expf(l[e] - mx);
-  sum = warp_sum(sum);
-  int32_t* ex = experts + t * k;
-  float* wt = weights + t * k;  // k <= 64
-  float pv = INFINITY, wsum = 0, p0 = 0, p1 = 0;
-  int pi = -1, i0 = 0, i1 = 0;
+  const int64_t e0 = threadIdx.x;
+  const float v0 = e0 < E ? l[e0] : -INFINITY;
+  float mx = v0;
+  for (int64_t e = e0 + kRouteThreads; e < E; e += kRouteThreads) mx = fmaxf(mx, l[e]);
+  unsigned top, at;
+  block_top(e0 < E || mx > -INFINITY ? order_key(mx) : 0u, 0u, rk[0], ri[0], &top, &at);
+  mx = key_value(top);
+  float sum = e0 < E ? expf(v0 - mx) : 0.0f;
+  for (int64_t e = e0 + kRouteThreads; e < E; e += kRouteThreads) sum += expf(l[e] - mx);
+  sum = block_sum<kRouteThreads>(sum, scratch);  // its barriers also order rk[0]'s reuse
+  float pv = INFINITY, wsum = 0, mine = 0;
+  int pi = -1, mine_e = 0;
   for (int64_t s = 0; s < k; ++s) {
+    // This thread's largest (logit, lower index) below the last pick (pv, pi).
     float bv = -INFINITY;
     int bi = -1;
-    auto consider = [&](float x, int e) {
+    for (int64_t e = e0; e < E; e += kRouteThreads) {
+      const float x = e == e0 ? v0 : l[e];
       const bool below = x < pv || (x == pv && e > pi);
-      if (below && (bi < 0 || x > bv)) bv = x, bi = e;
-    };
-#pragma unroll
-    for (int m = 0; m < kRouteRegs; ++m)
-      if (lane + kWarp * m < E) consider(lv[m], lane + kWarp * m);
-    for (int64_t e = lane + kWarp * kRouteRegs; e < E; e += kWarp)
-      consider(l[e], static_cast<int>(e));
-    // The warp's largest value (floats mapped to order-preserving unsigned keys), then the lowest
-    // index holding it: two warp reductions.
-    const unsigned bits = __float_as_uint(bv);
-    const unsigned key = bi < 0 ? 0u : (bits & 0x80000000u ? ~bits : bits | 0x80000000u);
-    const unsigned top = __reduce_max_sync(0xffffffffu, key);
-    bi = static_cast<int>(__reduce_min_sync(
-        0xffffffffu, key == top && bi >= 0 ? static_cast<unsigned>(bi) : 0xffffffffu));
-    bv = __shfl_sync(0xffffffffu, bv, bi % kWarp);  // expert bi lives in lane bi % 32
-    pv = bv, pi = bi;
-    const float p = expf(bv - mx) / sum;
+      if (below && (bi < 0 || x > bv)) bv = x, bi = static_cast<int>(e);
+    }
+    block_top(bi < 0 ? 0u : order_key(bv), static_cast<unsigned>(bi), rk[s % 2], ri[s % 2], &top,
+              &at);
+    pv = key_value(top), pi = static_cast<int>(at);
+    const float p = expf(pv - mx) / sum;
     wsum += p;
-    if (lane == s % kWarp) (s < kWarp ? p0 : p1) = p, (s < kWarp ? i0 : i1) = bi;
+    if (threadIdx.x == s) mine = p, mine_e = pi;
   }
-  // Lane l writes picks l and l + 32 (the weights renormalised over the k).
-  if (lane < k) ex[lane] = i0, wt[lane] = renorm ? p0 / wsum : p0;
-  if (lane + kWarp < k) ex[lane + kWarp] = i1, wt[lane + kWarp] = renorm ? p1 / wsum : p1;
+  // Thread j < k writes pick j (the weights renormalised over the k).
+  if (threadIdx.x < k) {
+    experts[t * k + threadIdx.x] = mine_e;
+    weights[t * k + threadIdx.x] = renorm ? mine / wsum : mine;
+  }
 }
 
 // For the calling block of 256 threads over l[i0, i1): the max and the lowest index holding it
@@ -1359,8 +1424,11 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
   TF_CUDA_REQUIRE(cols % 8 == 0, "matmul: cols must be a multiple of 8");
   TF_CUDA_REQUIRE(n <= 65535 * int64_t{kTokTile}, "matmul: too many rows in one launch");
   if (n == 0 || rows == 0) return;
+  // One token of bf16 weights: 4 chunks of 4 rows per warp in flight; tiles of tokens and f32
+  // weights: 2 (registers). None of it changes a row's arithmetic.
+  const bool one = n == 1;
   // Warps per block: 8, or fewer when that leaves under ~2 blocks per SM of an H200 (132 SMs)
-  // for a one-tile product; the launch shape never changes a row's arithmetic.
+  // for a one-tile product.
   const int64_t warps_needed = (rows + kMatRows - 1) / kMatRows;
   const int64_t wpb =
       n > kTokTile ? kWarpsPerBlock : std::clamp<int64_t>(warps_needed / 264, 1, kWarpsPerBlock);
@@ -1368,23 +1436,23 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
   const dim3 grid(static_cast<unsigned>((rows + per_block - 1) / per_block),
                   static_cast<unsigned>((n + kTokTile - 1) / kTokTile));
   const unsigned threads = static_cast<unsigned>(wpb * kWarp);
-  const bool one = n == 1;
   switch (wtype) {
     case DType::kBF16: {
-      const auto* wb = static_cast<const __nv_bfloat16*>(w);
+      using B = __nv_bfloat16;
+      const auto* wb = static_cast<const B*>(w);
       if (one)
-        launch(matmul_kernel<__nv_bfloat16, 1>, grid, threads, 0, stream, wb, rows, cols, x, n, y);
+        launch(matmul_kernel<B, 1, 4>, grid, threads, 0, stream, wb, rows, cols, x, n, y);
       else
-        launch(matmul_kernel<__nv_bfloat16, kTokTile>, grid, threads, 0, stream, wb, rows, cols, x,
-               n, y);
+        launch(matmul_kernel<B, kTokTile, 2>, grid, threads, 0, stream, wb, rows, cols, x, n, y);
       break;
     }
     case DType::kF32: {
       const auto* wf = static_cast<const float*>(w);
       if (one)
-        launch(matmul_kernel<float, 1>, grid, threads, 0, stream, wf, rows, cols, x, n, y);
+        launch(matmul_kernel<float, 1, 2>, grid, threads, 0, stream, wf, rows, cols, x, n, y);
       else
-        launch(matmul_kernel<float, kTokTile>, grid, threads, 0, stream, wf, rows, cols, x, n, y);
+        launch(matmul_kernel<float, kTokTile, 2>, grid, threads, 0, stream, wf, rows, cols, x, n,
+               y);
       break;
     }
     default:
@@ -1427,7 +1495,8 @@ void expert_down(DType wtype, const void* wd, int64_t H, int64_t I, const int32_
   const int64_t kk = shared_d ? k + 1 : k;
   TF_CUDA_REQUIRE(n * kk <= 65535, "expert_down: too many slots in one launch");
   if (n == 0 || H == 0) return;
-  const dim3 grid(static_cast<unsigned>((H + kWarpsPerBlock - 1) / kWarpsPerBlock),
+  const int64_t per_block = kWarpsPerBlock * kMatRows;
+  const dim3 grid(static_cast<unsigned>((H + per_block - 1) / per_block),
                   static_cast<unsigned>(n * kk));
   const unsigned threads = kWarpsPerBlock * kWarp;
   if (wtype == DType::kBF16)
@@ -1491,8 +1560,8 @@ void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t
                  cudaStream_t stream) {
   TF_CUDA_REQUIRE(k <= 64, "moe_combine: at most 64 experts per token");
   if (n == 0) return;
-  launch(moe_combine_kernel, static_cast<unsigned>(n), kCombineThreads, 0, stream, o, experts, w, k,
-         H, shared, shared_in_o, gate, gate_stride, x, norm, eps, xn);
+  launch(moe_combine_kernel, static_cast<unsigned>(n * kCombineSplit), kCombineThreads, 0, stream,
+         o, experts, w, k, H, shared, shared_in_o, gate, gate_stride, x, norm, eps, xn);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1673,9 +1742,10 @@ void attention_table(const float* q, int64_t T, const int64_t* pos, const float*
 
 void route_topk(const float* logits, int64_t n, int64_t E, int64_t ld, int64_t k, bool renorm,
                 int32_t* experts, float* weights, cudaStream_t stream) {
+  TF_CUDA_REQUIRE(k <= kRouteThreads && k <= E, "route_topk: k above the experts");
   if (n == 0) return;
-  launch(route_topk_kernel, static_cast<unsigned>((n + 3) / 4), 4 * kWarp, 0, stream, logits, n, E,
-         ld, k, renorm, experts, weights);
+  launch(route_topk_kernel, static_cast<unsigned>(n), kRouteThreads, 0, stream, logits, E, ld, k,
+         renorm, experts, weights);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -78,8 +78,9 @@ void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cac
 // MoE routing per token: softmax over E logits (fp32), the top k (ties to the lower index), their
 // weights renormalised over the k when `renorm`. logits [n, ld] (the first E of each row);
 // experts, weights [n, k].
-// One warp per token: the softmax max and sum by per-lane partials (lane l: e = l + 32 m, m
-// ascending) and the xor-shuffle tree; pick s is the largest (logit, lower index) below pick s-1.
+// One block of 512 threads per token (thread i: e = i + 512 m): the softmax max and sum by block
+// trees; pick s is the largest (logit, lower index) below pick s-1, found by warp reductions and
+// a join of the warps' results. k <= E, k <= 512.
 void route_topk(const float* logits, int64_t n, int64_t E, int64_t ld, int64_t k, bool renorm,
                 int32_t* experts, float* weights, cudaStream_t stream);
 
@@ -120,7 +121,8 @@ void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd
 // order), then y = fmaf(sigmoid(gate[t gate_stride]), shared[t], y) when there is a shared
 // expert; x[t] += y; then, when `norm` is given, xn[t] = rmsnorm_zc(x[t]) (weight norm [H]).
 // o [n, k, H], experts, w [n, k], shared [n, H] or none, x, xn [n, H]. shared_in_o: o is [n, k + 1,
-// H] with the shared expert's output in slot k (then `shared` is not read). One block per token.
+// H] with the shared expert's output in slot k (then `shared` is not read). A cluster of 8 blocks
+// per token; the norm's sum of squares is the 8 blocks' partials added in block order.
 void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t n, int64_t k,
                  int64_t H, const float* shared, bool shared_in_o, const float* gate,
                  int64_t gate_stride, float* x, const float* norm, float eps, float* xn,
