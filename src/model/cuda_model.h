@@ -9,10 +9,14 @@
 // Steps made of decode rows and verify steps (speculative decoding's, StepInput::verify) are
 // captured into a CUDA graph per shape (rows, sequences, logits rows, MTP head kept or not) on
 // their first run and replayed afterwards, and so are draft() calls (set_graphs); the kernels
-// launch with programmatic dependent launch (backends/cuda/ops.cu). Every kernel is batch invariant
-// (a row's result does not depend on the other rows of the step), the Gated DeltaNet runs its exact
-// recurrence for prompts too (split-invariant), and the experts of a token are summed in ascending
-// index order, as on the CPU.
+// launch with programmatic dependent launch, and attention and the MoE combine run as clusters of
+// blocks that join through distributed shared memory (backends/cuda/ops.cu). A decode layer is
+// about ten kernels: the residual add lives in the next norm, the MoE combine also adds its
+// output to the residual and norms it for the next layer, the router and the shared expert's gate
+// are one product, and gdn_prep does a Gated DeltaNet layer's split, gates, conv and q/k norms.
+// Every kernel is batch invariant (a row's result does not depend on the other rows of the step),
+// the Gated DeltaNet runs its exact recurrence for prompts too (split-invariant), and the experts
+// of a token are summed in ascending index order, as on the CPU.
 #pragma once
 
 #include <cstdint>
@@ -65,7 +69,7 @@ struct CudaSequenceState final : DeviceState {
     int64_t capacity = 0;     // positions the caches hold
     DeviceArray<float> conv;  // Gated DeltaNet: [K-1, conv_dim]
     DeviceArray<float> S;     // Gated DeltaNet: [Hv, Dk, Dv]
-    // A verify step's history of this Gated DeltaNet layer (cuda::conv_silu_seqs, delta_rule_seqs):
+    // A verify step's history of this Gated DeltaNet layer (cuda::gdn_prep, delta_rule_seqs):
     // conv_hist [(K-1) + T, conv_dim], S_hist [>= T, Hv, Dk, Dv]; sizes kept between windows.
     DeviceArray<float> conv_hist, S_hist;
   };
