@@ -201,6 +201,41 @@ TEST_F(CudaOps, AttentionMatchesCpuAndIsBatchInvariant) {
   EXPECT_EQ(std::memcmp(out1.data(), out.data() + nh * D, nh * D * sizeof(float)), 0);
 }
 
+// Prompt-sized steps (more than 64 rows) run attention as a block per (t, head) that walks the 8
+// chunks itself; decode-sized ones as a cluster of 8 blocks. A row must have the same bits in
+// both (prompt rows and decode rows of one position): 80 rows of a prompt at positions 220..299,
+// against each row alone, with the output gate; and against the CPU within 1e-5.
+TEST_F(CudaOps, AttentionPromptRowsEqualDecodeRows) {
+  const int64_t T = 80, nh = 8, nkv = 2, D = 256, L = 300;
+  const auto q = randn(T * nh * D, 120), kc = randn(L * nkv * D, 121), vc = randn(L * nkv * D, 122);
+  const auto gate = randn(T * nh * D, 123);
+  std::vector<int64_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = 220 + t;
+  Dev<float> dq(q), dk(kc), dv(vc), dg(gate), dout(T * nh * D), dplain(T * nh * D);
+  Dev<int64_t> dpos(pos);
+  auto u = [](const float* p) { return reinterpret_cast<uint64_t>(p); };
+  Dev<uint64_t> kt(std::vector<uint64_t>(T, u(dk.p))), vt(std::vector<uint64_t>(T, u(dv.p)));
+  cuda::attention_table(dq.p, T, dpos.p, reinterpret_cast<const float* const*>(kt.p),
+                        reinterpret_cast<const float* const*>(vt.p), nh, nkv, D, 0.0625f, dg.p,
+                        dout.p, nullptr);
+  const auto out = dout.host();
+  for (int64_t t : {0, 1, 37, 79}) {
+    Dev<float> o1(nh * D);
+    cuda::attention_table(dq.p + t * nh * D, 1, dpos.p + t,
+                          reinterpret_cast<const float* const*>(kt.p),
+                          reinterpret_cast<const float* const*>(vt.p), nh, nkv, D, 0.0625f,
+                          dg.p + t * nh * D, o1.p, nullptr);
+    const auto one = o1.host();
+    EXPECT_EQ(std::memcmp(one.data(), out.data() + t * nh * D, nh * D * sizeof(float)), 0)
+        << "row " << t;
+  }
+  cuda::attention(dq.p, T, dpos.p, dk.p, dv.p, nh, nkv, D, 0.0625f, dplain.p, nullptr);
+  std::vector<float> ref(T * nh * D);
+  cpu::attention(q.data(), T, pos.data(), kc.data(), vc.data(), nh, nkv, D, 0.0625f, ref.data(),
+                 nullptr);
+  EXPECT_LT(rel_l2(dplain.host(), ref), 1e-5);
+}
+
 // Routing against a plain reference: the same experts, weights within 1e-6.
 TEST_F(CudaOps, RouteTopkAndEmbed) {
   const int64_t n = 9, E = 64, k = 10;

@@ -870,47 +870,36 @@ __global__ void delta_rule_seqs_kernel(const float* __restrict__ q, const float*
               S[blockIdx.y] + h * Dk * Dv, out, hist != nullptr ? hist + h * Dk * Dv : nullptr);
 }
 
-// Attention of query (t, head) over keys 0 .. L-1 (L = pos[t] + 1) by a cluster of kAttnSplits
-// blocks: block r takes the contiguous chunk of ceil(L / kAttnSplits) keys from r times that, in
-// tiles of kAttnTile keys with a running max (online softmax): scores by warps (warp w takes tile
-// keys w + 4 i, four keys at once; lane l sums dims l + 32 c in ascending c, then the xor tree),
-// the tile's max and sum by block trees, then thread u accumulates dims u + 128 i over the tile's
-// keys in order. The splits' partials (max m_s, sum l_s, unnormalised acc_s [D]) meet through
-// distributed shared memory: block r joins dims r ceil(D / S) .. in split order,
-// out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s (M = max_s m_s, empty splits add 0).
-// The chunks depend on L only, so a row's bits are the same in any batch. kAttnThreads threads.
+// Attention of query (t, head) over keys 0 .. L-1 (L = pos[t] + 1) in kAttnSplits contiguous
+// chunks of ceil(L / kAttnSplits) keys (the split depends on L only, so a row's bits are the same
+// in any batch). A chunk (attend_chunk) runs in tiles of kAttnTile keys with a running max (online
+// softmax): scores by warps (warp w takes tile keys w + 4 i, four keys at once; lane l sums dims
+// l + 32 c in ascending c, then the xor tree), the tile's max and sum by block trees, then thread
+// u accumulates dims u + 128 i over the tile's keys in order. The chunks' partials (max m_s, sum
+// l_s, unnormalised acc_s [D]) are joined in chunk order (attend_join): out = sum_s e^(m_s - M)
+// acc_s / sum_s e^(m_s - M) l_s (M = max_s m_s; empty chunks add 0). Decode-sized steps give each
+// chunk a block of a cluster (the partials meet through distributed shared memory); prompts give
+// a (t, head) one block that runs the chunks in turn: the same arithmetic, the same bits.
 constexpr int kAttnSplits = 8;
 constexpr int kAttnTile = 128, kAttnThreads = 128, kAttnMaxD = 512;
-// The caches are kc0 / vc0, or per token kt[t] / vt[t] when the tables are given.
-__global__ void __cluster_dims__(kAttnSplits, 1, 1) __launch_bounds__(kAttnThreads)
-    attention_kernel(const float* __restrict__ q, const int64_t* __restrict__ pos, const float* kc0,
-                     const float* vc0, const float* const* kt, const float* const* vt,
-                     int64_t n_heads, int64_t n_kv, int64_t D, float scale,
-                     const float* __restrict__ gate, float* __restrict__ out) {
-  pdl_enter();
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  __shared__ float qs[kAttnMaxD], acc_s[kAttnMaxD], p[kAttnTile], scratch[kAttnThreads / kWarp];
-  __shared__ float ml[2];  // this split's max and sum
-  const int split = static_cast<int>(cluster.block_rank());
-  const int64_t th = blockIdx.x / kAttnSplits;
-  const int64_t t = th / n_heads, h = th % n_heads, kvh = h / (n_heads / n_kv);
-  const float* __restrict__ kc = kt ? kt[t] : kc0;
-  const float* __restrict__ vc = vt ? vt[t] : vc0;
-  const float* qv = q + (t * n_heads + h) * D;
-  for (int64_t d = threadIdx.x; d < D; d += kAttnThreads) qs[d] = qv[d];
-  const int64_t L = pos[t] + 1, chunk = (L + kAttnSplits - 1) / kAttnSplits;
-  const int64_t j0 = split * chunk < L ? split * chunk : L;
-  const int64_t j1 = j0 + chunk < L ? j0 + chunk : L;
+constexpr int kAttnDims = kAttnMaxD / kAttnThreads;  // dims per thread
+// Steps of more rows than this take the one-block-per-(t, head) kernel.
+constexpr int64_t kAttnClusterRows = 64;
+
+// Keys [j0, j1) of one query for the calling block: m, sum and acc (dims threadIdx.x + 128 u) as
+// above. qr: the lane's query dims lane + 32 c; p [kAttnTile], scratch [kAttnThreads / 32]: shared.
+__device__ __forceinline__ void attend_chunk(const float (&qr)[kAttnMaxD / kWarp],
+                                             const float* __restrict__ kc,
+                                             const float* __restrict__ vc, int64_t n_kv,
+                                             int64_t kvh, int64_t D, float scale, int64_t j0,
+                                             int64_t j1, float* p, float* scratch, float& m,
+                                             float& sum, float (&acc)[kAttnDims]) {
   const int w = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int nc = static_cast<int>((D - lane + kWarp - 1) / kWarp);  // lane's dims in a score
-  __syncthreads();
-  float qr[kAttnMaxD / kWarp];
-#pragma unroll
-  for (int c = 0; c < kAttnMaxD / kWarp; ++c) qr[c] = c < nc ? qs[lane + kWarp * c] : 0.0f;
-  float m = -INFINITY, sum = 0;
-  float acc[kAttnMaxD / kAttnThreads] = {0, 0, 0, 0};
   constexpr int kWarps = kAttnThreads / kWarp;
+  m = -INFINITY, sum = 0;
+#pragma unroll
+  for (int u = 0; u < kAttnDims; ++u) acc[u] = 0;
   for (int64_t tile = j0; tile < j1; tile += kAttnTile) {
     const int n = static_cast<int>(j1 - tile < kAttnTile ? j1 - tile : kAttnTile);
     for (int base = w; base < n; base += 4 * kWarps) {
@@ -951,7 +940,7 @@ __global__ void __cluster_dims__(kAttnSplits, 1, 1) __launch_bounds__(kAttnThrea
     const float rescale = expf(m - m_new);
     sum = sum * rescale + tsum;
 #pragma unroll
-    for (int u = 0; u < kAttnMaxD / kAttnThreads; ++u) {
+    for (int u = 0; u < kAttnDims; ++u) {
       const int64_t d = threadIdx.x + u * kAttnThreads;
       if (d >= D) continue;
       const float* vr = vc + (tile * n_kv + kvh) * D + d;
@@ -963,34 +952,100 @@ __global__ void __cluster_dims__(kAttnSplits, 1, 1) __launch_bounds__(kAttnThrea
     m = m_new;
     __syncthreads();
   }
+}
+
+// The join of the kAttnSplits partials for one dim: ml(r) -> {m_r, l_r}, accd(r) -> acc_r[d];
+// then the output gate, o * sigmoid(gate) (mul_sigmoid_kernel's arithmetic), when gate != null.
+template <class ML, class Acc>
+__device__ __forceinline__ float attend_join(ML ml, Acc accd, const float* gate) {
+  float ms[kAttnSplits], M = -INFINITY;
 #pragma unroll
-  for (int u = 0; u < kAttnMaxD / kAttnThreads; ++u) {
-    const int64_t d = threadIdx.x + u * kAttnThreads;
-    if (d < D) acc_s[d] = acc[u];
+  for (int r = 0; r < kAttnSplits; ++r) {
+    ms[r] = ml(r)[0];
+    M = fmaxf(M, ms[r]);
   }
-  if (threadIdx.x == 0) ml[0] = m, ml[1] = sum;
-  cluster.sync();
-  const int64_t per = (D + kAttnSplits - 1) / kAttnSplits, d = split * per + threadIdx.x;
-  if (threadIdx.x < per && d < D) {
-    float ms[kAttnSplits], M = -INFINITY;
+  float num = 0, den = 0;
 #pragma unroll
-    for (int r = 0; r < kAttnSplits; ++r) {
-      ms[r] = cluster.map_shared_rank(ml, r)[0];
-      M = fmaxf(M, ms[r]);
-    }
-    float num = 0, den = 0;
-#pragma unroll
-    for (int r = 0; r < kAttnSplits; ++r) {
-      const float e = expf(ms[r] - M);
-      num = fmaf(e, cluster.map_shared_rank(acc_s, r)[d], num);
-      den = fmaf(e, cluster.map_shared_rank(ml, r)[1], den);
-    }
-    const float a = num / den;
-    // The output gate: o * sigmoid(gate) (mul_sigmoid_kernel's arithmetic).
-    out[(t * n_heads + h) * D + d] =
-        gate ? a * (1.0f / (1.0f + expf(-gate[(t * n_heads + h) * D + d]))) : a;
+  for (int r = 0; r < kAttnSplits; ++r) {
+    const float e = expf(ms[r] - M);
+    num = fmaf(e, accd(r), num);
+    den = fmaf(e, ml(r)[1], den);
   }
-  cluster.sync();  // no block leaves while another may read its shared memory
+  const float a = num / den;
+  return gate ? a * (1.0f / (1.0f + expf(-*gate))) : a;
+}
+
+// The caches are kc0 / vc0, or per token kt[t] / vt[t] when the tables are given. kClustered: a
+// block per chunk in a cluster per (t, head); else a block per (t, head) running every chunk.
+template <bool kClustered>
+__device__ __forceinline__ void attention_body(
+    const float* __restrict__ q, const int64_t* __restrict__ pos, const float* kc0,
+    const float* vc0, const float* const* kt, const float* const* vt, int64_t n_heads, int64_t n_kv,
+    int64_t D, float scale, const float* __restrict__ gate, float* __restrict__ out) {
+  __shared__ float qs[kAttnMaxD], p[kAttnTile], scratch[kAttnThreads / kWarp];
+  // The partials: this block's chunk (clustered), or every chunk.
+  constexpr int kParts = kClustered ? 1 : kAttnSplits;
+  __shared__ float acc_s[kParts][kAttnMaxD], ml[kParts][2];
+  const int64_t th = kClustered ? blockIdx.x / kAttnSplits : blockIdx.x;
+  const int64_t t = th / n_heads, h = th % n_heads, kvh = h / (n_heads / n_kv);
+  const float* __restrict__ kc = kt ? kt[t] : kc0;
+  const float* __restrict__ vc = vt ? vt[t] : vc0;
+  const float* qv = q + (t * n_heads + h) * D;
+  for (int64_t d = threadIdx.x; d < D; d += kAttnThreads) qs[d] = qv[d];
+  const int64_t L = pos[t] + 1, chunk = (L + kAttnSplits - 1) / kAttnSplits;
+  const int lane = threadIdx.x % kWarp;
+  __syncthreads();
+  float qr[kAttnMaxD / kWarp];
+#pragma unroll
+  for (int c = 0; c < kAttnMaxD / kWarp; ++c)
+    qr[c] = lane + kWarp * c < D ? qs[lane + kWarp * c] : 0.0f;
+  const int r0 = kClustered ? static_cast<int>(cooperative_groups::this_cluster().block_rank()) : 0;
+  for (int r = r0; r < (kClustered ? r0 + 1 : kAttnSplits); ++r) {
+    const int64_t j0 = r * chunk < L ? r * chunk : L;
+    const int64_t j1 = j0 + chunk < L ? j0 + chunk : L;
+    float m, sum, acc[kAttnDims];
+    attend_chunk(qr, kc, vc, n_kv, kvh, D, scale, j0, j1, p, scratch, m, sum, acc);
+    const int part = kClustered ? 0 : r;
+#pragma unroll
+    for (int u = 0; u < kAttnDims; ++u) {
+      const int64_t d = threadIdx.x + u * kAttnThreads;
+      if (d < D) acc_s[part][d] = acc[u];
+    }
+    if (threadIdx.x == 0) ml[part][0] = m, ml[part][1] = sum;
+  }
+  const float* g = gate ? gate + (t * n_heads + h) * D : nullptr;
+  float* o = out + (t * n_heads + h) * D;
+  if constexpr (kClustered) {
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    cluster.sync();
+    const int64_t per = (D + kAttnSplits - 1) / kAttnSplits, d = r0 * per + threadIdx.x;
+    if (threadIdx.x < per && d < D)
+      o[d] = attend_join([&](int r) { return cluster.map_shared_rank(ml[0], r); },
+                         [&](int r) { return cluster.map_shared_rank(acc_s[0], r)[d]; },
+                         g ? g + d : nullptr);
+    cluster.sync();  // no block leaves while another may read its shared memory
+  } else {
+    __syncthreads();
+    for (int64_t d = threadIdx.x; d < D; d += kAttnThreads)
+      o[d] = attend_join([&](int r) { return ml[r]; }, [&](int r) { return acc_s[r][d]; },
+                         g ? g + d : nullptr);
+  }
+}
+__global__ void __cluster_dims__(kAttnSplits, 1, 1) __launch_bounds__(kAttnThreads)
+    attention_cluster_kernel(const float* __restrict__ q, const int64_t* __restrict__ pos,
+                             const float* kc0, const float* vc0, const float* const* kt,
+                             const float* const* vt, int64_t n_heads, int64_t n_kv, int64_t D,
+                             float scale, const float* __restrict__ gate, float* __restrict__ out) {
+  pdl_enter();
+  attention_body<true>(q, pos, kc0, vc0, kt, vt, n_heads, n_kv, D, scale, gate, out);
+}
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_rows_kernel(const float* __restrict__ q, const int64_t* __restrict__ pos,
+                          const float* kc0, const float* vc0, const float* const* kt,
+                          const float* const* vt, int64_t n_heads, int64_t n_kv, int64_t D,
+                          float scale, const float* __restrict__ gate, float* __restrict__ out) {
+  pdl_enter();
+  attention_body<false>(q, pos, kc0, vc0, kt, vt, n_heads, n_kv, D, scale, gate, out);
 }
 
 // One block of kRouteThreads per token; thread i holds logits e = i + kRouteThreads m (one for
@@ -1720,24 +1775,36 @@ void delta_rule_recurrent(const float* q, const float* k, const float* v, const 
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+// Steps of up to kAttnClusterRows rows: a cluster of kAttnSplits blocks per (t, head); longer ones
+// (prompts): a block per (t, head). The same bits either way.
+void launch_attention(const float* q, int64_t T, const int64_t* pos, const float* kc0,
+                      const float* vc0, const float* const* kt, const float* const* vt,
+                      int64_t n_heads, int64_t n_kv, int64_t D, float scale, const float* gate,
+                      float* out, cudaStream_t stream) {
+  if (T == 0) return;
+  TF_CUDA_REQUIRE(D <= kAttnMaxD, "attention: head_dim above 512");
+  if (T <= kAttnClusterRows)
+    launch(attention_cluster_kernel, static_cast<unsigned>(T * n_heads * kAttnSplits), kAttnThreads,
+           0, stream, q, pos, kc0, vc0, kt, vt, n_heads, n_kv, D, scale, gate, out);
+  else
+    launch(attention_rows_kernel, static_cast<unsigned>(T * n_heads), kAttnThreads, 0, stream, q,
+           pos, kc0, vc0, kt, vt, n_heads, n_kv, D, scale, gate, out);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+}  // namespace
+
 void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cache,
                const float* v_cache, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
                float* out, cudaStream_t stream) {
-  if (T == 0) return;
-  TF_CUDA_REQUIRE(D <= kAttnMaxD, "attention: head_dim above 512");
-  launch(attention_kernel, static_cast<unsigned>(T * n_heads * kAttnSplits), kAttnThreads, 0,
-         stream, q, pos, k_cache, v_cache, nullptr, nullptr, n_heads, n_kv, D, scale, nullptr, out);
-  TF_CUDA_CHECK(cudaGetLastError());
+  launch_attention(q, T, pos, k_cache, v_cache, nullptr, nullptr, n_heads, n_kv, D, scale, nullptr,
+                   out, stream);
 }
 
 void attention_table(const float* q, int64_t T, const int64_t* pos, const float* const* kc,
                      const float* const* vc, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
                      const float* gate, float* out, cudaStream_t stream) {
-  if (T == 0) return;
-  TF_CUDA_REQUIRE(D <= kAttnMaxD, "attention: head_dim above 512");
-  launch(attention_kernel, static_cast<unsigned>(T * n_heads * kAttnSplits), kAttnThreads, 0,
-         stream, q, pos, nullptr, nullptr, kc, vc, n_heads, n_kv, D, scale, gate, out);
-  TF_CUDA_CHECK(cudaGetLastError());
+  launch_attention(q, T, pos, nullptr, nullptr, kc, vc, n_heads, n_kv, D, scale, gate, out, stream);
 }
 
 void route_topk(const float* logits, int64_t n, int64_t E, int64_t ld, int64_t k, bool renorm,

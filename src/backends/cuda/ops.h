@@ -66,11 +66,12 @@ void delta_rule_recurrent(const float* q, const float* k, const float* v, const 
 
 // Causal GQA attention of T queries of one sequence over its cache, as cpu::attention: q
 // [T, n_heads, D]; k_cache, v_cache [L, n_kv, D]; query t sees rows 0..pos[t] (pos on device).
-// A cluster of 8 blocks per (t, head), block r taking the r-th of 8 contiguous chunks of the
-// keys (ceil(L / 8) each; the split depends on L only, never on the batch), each in tiles of 128
-// keys with a running max (online softmax); the 8 partials are joined in split order through
-// distributed shared memory. A score is a warp's dot: lane l sums dims l + 32 c in order, then the
-// xor tree. D <= 512.
+// The keys in 8 contiguous chunks (ceil(L / 8) each; the split depends on L only, never on the
+// batch), each in tiles of 128 keys with a running max (online softmax), the 8 partials joined in
+// chunk order. Steps of up to 64 rows: a cluster of 8 blocks per (t, head), one per chunk,
+// joining through distributed shared memory; longer ones: a block per (t, head) running the
+// chunks in turn (the same bits). A score is a warp's dot: lane l sums dims l + 32 c in order,
+// then the xor tree. D <= 512.
 void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cache,
                const float* v_cache, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
                float* out, cudaStream_t stream);
