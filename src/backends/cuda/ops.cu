@@ -193,11 +193,11 @@ __device__ __forceinline__ void warp_dots(const W* __restrict__ wr, int64_t cols
 constexpr int kWarpsPerBlock = 8;
 constexpr int kTokTile = 8;
 constexpr int kMatRows = 4;
-// The calling warp's dots of rows r0 .. r0 + nr - 1 of w [rows, cols] with the nt token rows of
-// xt [nt, cols] (matmul_kernel's arithmetic), into acc[q][u] (lane sums, before the xor tree).
-template <class W, int kT, int kR, int kC>
-__device__ __forceinline__ void warp_rows(const W* __restrict__ w, int64_t r0, int nr, int64_t cols,
-                                          const float* __restrict__ xt, int nt,
+// The calling warp's dots of nr weight rows wrow(q) [cols] with the nt token rows xrow(u) [cols]
+// (matmul_kernel's arithmetic), into acc[q][u] (lane sums, before the xor tree). wrow, xrow:
+// device callables int -> row pointer (rows at a stride, from tables, or from two matrices).
+template <class W, int kT, int kR, int kC, class WRow, class XRow>
+__device__ __forceinline__ void warp_rows(WRow wrow, int nr, int64_t cols, XRow xrow, int nt,
                                           float (&acc)[kR][kT]) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
@@ -212,14 +212,14 @@ __device__ __forceinline__ void warp_rows(const W* __restrict__ w, int64_t r0, i
     for (int c = 0; c < kC; ++c)
 #pragma unroll
       for (int q = 0; q < kR; ++q)
-        if (q < nr) wv[c][q].load(w + (r0 + q) * cols + k + c * kStride);
+        if (q < nr) wv[c][q].load(wrow(q) + k + c * kStride);
 #pragma unroll
     for (int u = 0; u < kT; ++u) {
       if (u >= nt) break;
 #pragma unroll
       for (int c = 0; c < kC; ++c) {
         float xv[8];
-        load8(xt + u * cols + k + c * kStride, xv);
+        load8(xrow(u) + k + c * kStride, xv);
 #pragma unroll
         for (int q = 0; q < kR; ++q)
 #pragma unroll
@@ -236,13 +236,12 @@ __device__ __forceinline__ void warp_rows(const W* __restrict__ w, int64_t r0, i
       for (int c = 0; c < kH; ++c)
 #pragma unroll
         for (int q = 0; q < kR; ++q)
-          if (q < nr && k + c * kStride < cols)
-            wt[c][q].load(w + (r0 + q) * cols + k + c * kStride);
+          if (q < nr && k + c * kStride < cols) wt[c][q].load(wrow(q) + k + c * kStride);
 #pragma unroll
       for (int c = 0; c < kH; ++c) {
         if (k + c * kStride >= cols) break;
         float xv[8];
-        load8(xt + k + c * kStride, xv);
+        load8(xrow(0) + k + c * kStride, xv);
 #pragma unroll
         for (int q = 0; q < kR; ++q)
 #pragma unroll
@@ -254,12 +253,12 @@ __device__ __forceinline__ void warp_rows(const W* __restrict__ w, int64_t r0, i
       Raw8<W> wv[kR];
 #pragma unroll
       for (int q = 0; q < kR; ++q)
-        if (q < nr) wv[q].load(w + (r0 + q) * cols + k);
+        if (q < nr) wv[q].load(wrow(q) + k);
 #pragma unroll
       for (int u = 0; u < kT; ++u) {
         if (u >= nt) break;
         float xv[8];
-        load8(xt + u * cols + k, xv);
+        load8(xrow(u) + k, xv);
 #pragma unroll
         for (int q = 0; q < kR; ++q)
 #pragma unroll
@@ -282,7 +281,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
   const int nr = static_cast<int>(rows - r0 < kMatRows ? rows - r0 : kMatRows);
   const int lane = threadIdx.x % kWarp;
   float acc[kMatRows][kT];
-  warp_rows<W, kT, kMatRows, kC>(w, r0, nr, cols, x + t0 * cols, nt, acc);
+  const W* wr = w + r0 * cols;
+  const float* xt = x + t0 * cols;
+  warp_rows<W, kT, kMatRows, kC>([wr, cols](int q) { return wr + q * cols; }, nr, cols,
+                                 [xt, cols](int u) { return xt + u * cols; }, nt, acc);
 #pragma unroll
   for (int q = 0; q < kMatRows; ++q) {
 #pragma unroll
@@ -332,7 +334,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
   const int64_t e = experts && !sh ? experts[t * k + j] : 0;
   const int nr = static_cast<int>(H - d0 < kMatRows ? H - d0 : kMatRows);
   float acc[kMatRows][1];
-  warp_rows<W, 1, kMatRows, 2>((sh ? sd : wd) + e * H * I, d0, nr, I, h + slot * I, 1, acc);
+  const W* wr = (sh ? sd : wd) + (e * H + d0) * I;
+  const float* hs = h + slot * I;
+  warp_rows<W, 1, kMatRows, 2>([wr, I](int q) { return wr + q * I; }, nr, I,
+                               [hs](int) { return hs; }, 1, acc);
 #pragma unroll
   for (int q = 0; q < kMatRows; ++q) {
     const float v = warp_sum(acc[q][0]);
@@ -399,18 +404,22 @@ __global__ void moe_group_kernel(const int32_t* experts, int64_t slots, int64_t 
   }
 }
 
-// Block (row group, tile): the tile's slots (one expert) share each weight load.
+// Block (row group, tile): the tile's slots (one expert) share each weight load. Gate and up:
+// warp w takes rows i0 = (blockIdx.x warps + w) kGroupRows .. of both matrices, four weight rows
+// (gate i0, i0 + 1, up i0, i0 + 1) with two chunks each in flight; down: four rows of wd. Per
+// (row, slot) the sums are warp_dots' order, so the bits are the slot kernels'.
+constexpr int kGroupRows = 2;
 template <class W>
-__global__ void grouped_gate_up_kernel(const W* __restrict__ wg, const W* __restrict__ wu,
-                                       int64_t I, int64_t H, int64_t k,
-                                       const int32_t* __restrict__ sorted,
-                                       const int4* __restrict__ tiles,
-                                       const int32_t* __restrict__ n_tiles,
-                                       const float* __restrict__ x, float* __restrict__ h) {
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
+    grouped_gate_up_kernel(const W* __restrict__ wg, const W* __restrict__ wu, int64_t I, int64_t H,
+                           int64_t k, const int32_t* __restrict__ sorted,
+                           const int4* __restrict__ tiles, const int32_t* __restrict__ n_tiles,
+                           const float* __restrict__ x, float* __restrict__ h) {
   pdl_enter();
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  if (i >= I) return;
+  const int64_t i0 =
+      (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * kGroupRows;
+  if (i0 >= I) return;
   const int4 tl = tiles[blockIdx.y];
   const float* xr[kTokTile];
   int64_t slot[kTokTile];
@@ -419,72 +428,46 @@ __global__ void grouped_gate_up_kernel(const W* __restrict__ wg, const W* __rest
     slot[u] = u < tl.z ? sorted[tl.y + u] : 0;
     xr[u] = x + (slot[u] / k) * H;
   }
-  // Gate and up rows together: two chunks of each loaded before their FMAs; per (row, slot) the
-  // sums are warp_dots' order.
-  const W* gr = wg + (tl.x * I + i) * H;
-  const W* ur = wu + (tl.x * I + i) * H;
-  const int lane = threadIdx.x % kWarp, nt = tl.z;
-  float g[kTokTile], up[kTokTile];
+  const int nr = static_cast<int>(I - i0 < kGroupRows ? I - i0 : kGroupRows);
+  const W* gr = wg + (tl.x * I + i0) * H;
+  const W* ur = wu + (tl.x * I + i0) * H;
+  // Rows q < kGroupRows: gate i0 + q; the others: up i0 + q - kGroupRows (a missing last row
+  // repeats row i0 and is not stored).
+  auto wrow = [gr, ur, H, nr](int q) {
+    const int r = q % kGroupRows < nr ? q % kGroupRows : 0;
+    return (q < kGroupRows ? gr : ur) + r * H;
+  };
+  float acc[2 * kGroupRows][kTokTile];
+  warp_rows<W, kTokTile, 2 * kGroupRows, 2>(
+      wrow, 2 * kGroupRows, H, [&xr](int u) { return xr[u]; }, tl.z, acc);
 #pragma unroll
-  for (int u = 0; u < kTokTile; ++u) g[u] = 0, up[u] = 0;
-  constexpr int64_t kStride = 8 * kWarp;
-  int64_t c = 8 * lane;
-  for (; c + kStride < H; c += 2 * kStride) {
-    Raw8<W> a0, a1, b0, b1;
-    a0.load(gr + c), a1.load(gr + c + kStride), b0.load(ur + c), b1.load(ur + c + kStride);
-#pragma unroll
-    for (int u = 0; u < kTokTile; ++u) {
-      if (u >= nt) break;
-      float x0[8], x1[8];
-      load8(xr[u] + c, x0);
-      load8(xr[u] + c + kStride, x1);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) g[u] = fmaf(a0.at(e), x0[e], g[u]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) g[u] = fmaf(a1.at(e), x1[e], g[u]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) up[u] = fmaf(b0.at(e), x0[e], up[u]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) up[u] = fmaf(b1.at(e), x1[e], up[u]);
-    }
-  }
-  for (; c < H; c += kStride) {
-    Raw8<W> a0, b0;
-    a0.load(gr + c), b0.load(ur + c);
-#pragma unroll
-    for (int u = 0; u < kTokTile; ++u) {
-      if (u >= nt) break;
-      float x0[8];
-      load8(xr[u] + c, x0);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) g[u] = fmaf(a0.at(e), x0[e], g[u]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) up[u] = fmaf(b0.at(e), x0[e], up[u]);
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < kTokTile; ++u) {
-    if (u >= nt) break;
-    g[u] = warp_sum(g[u]);
-    up[u] = warp_sum(up[u]);
-  }
-  if (lane == 0) {
+  for (int q = 0; q < 2 * kGroupRows; ++q)
 #pragma unroll
     for (int u = 0; u < kTokTile; ++u)
-      if (u < tl.z) h[slot[u] * I + i] = g[u] / (1.0f + expf(-g[u])) * up[u];
+      if (u < tl.z) acc[q][u] = warp_sum(acc[q][u]);
+  if (threadIdx.x % kWarp == 0) {
+#pragma unroll
+    for (int q = 0; q < kGroupRows; ++q)
+#pragma unroll
+      for (int u = 0; u < kTokTile; ++u)
+        if (q < nr && u < tl.z) {
+          const float g = acc[q][u], up = acc[kGroupRows + q][u];
+          h[slot[u] * I + i0 + q] = g / (1.0f + expf(-g)) * up;
+        }
   }
 }
 
 template <class W>
-__global__ void grouped_down_kernel(const W* __restrict__ wd, int64_t H, int64_t I,
-                                    const int32_t* __restrict__ sorted,
-                                    const int4* __restrict__ tiles,
-                                    const int32_t* __restrict__ n_tiles,
-                                    const float* __restrict__ h, float* __restrict__ o) {
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
+    grouped_down_kernel(const W* __restrict__ wd, int64_t H, int64_t I,
+                        const int32_t* __restrict__ sorted, const int4* __restrict__ tiles,
+                        const int32_t* __restrict__ n_tiles, const float* __restrict__ h,
+                        float* __restrict__ o) {
   pdl_enter();
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
-  const int64_t d = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  if (d >= H) return;
+  const int64_t d0 =
+      (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * kMatRows;
+  if (d0 >= H) return;
   const int4 tl = tiles[blockIdx.y];
   const float* hr[kTokTile];
   int64_t slot[kTokTile];
@@ -493,14 +476,19 @@ __global__ void grouped_down_kernel(const W* __restrict__ wd, int64_t H, int64_t
     slot[u] = u < tl.z ? sorted[tl.y + u] : 0;
     hr[u] = h + slot[u] * I;
   }
-  float acc[kTokTile];
-  warp_dots<kTokTile>(
-      wd + (tl.x * H + d) * I, I, [&hr](int u) { return hr[u]; }, tl.z, acc);
-  if (threadIdx.x % kWarp == 0) {
+  const int nr = static_cast<int>(H - d0 < kMatRows ? H - d0 : kMatRows);
+  const W* wr = wd + (tl.x * H + d0) * I;
+  float acc[kMatRows][kTokTile];
+  warp_rows<W, kTokTile, kMatRows, 2>([wr, I](int q) { return wr + q * I; }, nr, I,
+                                      [&hr](int u) { return hr[u]; }, tl.z, acc);
 #pragma unroll
-    for (int u = 0; u < kTokTile; ++u)
-      if (u < tl.z) o[slot[u] * H + d] = acc[u];
-  }
+  for (int q = 0; q < kMatRows; ++q)
+#pragma unroll
+    for (int u = 0; u < kTokTile; ++u) {
+      if (u >= tl.z) continue;
+      const float v = warp_sum(acc[q][u]);
+      if (threadIdx.x % kWarp == 0 && q < nr) o[slot[u] * H + d0 + q] = v;
+    }
 }
 
 // A cluster of kCombineSplit blocks per token, block b taking dims b ceil(H / kCombineSplit) ..;
@@ -1587,10 +1575,9 @@ void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd
   TF_CUDA_REQUIRE(mt <= 65535, "grouped_experts: too many tiles in one launch");
   if (n == 0) return;
   const unsigned threads = kWarpsPerBlock * kWarp;
-  const dim3 g1(static_cast<unsigned>((I + kWarpsPerBlock - 1) / kWarpsPerBlock),
-                static_cast<unsigned>(mt));
-  const dim3 g2(static_cast<unsigned>((H + kWarpsPerBlock - 1) / kWarpsPerBlock),
-                static_cast<unsigned>(mt));
+  const int64_t up_rows = kWarpsPerBlock * kGroupRows, down_rows = kWarpsPerBlock * kMatRows;
+  const dim3 g1(static_cast<unsigned>((I + up_rows - 1) / up_rows), static_cast<unsigned>(mt));
+  const dim3 g2(static_cast<unsigned>((H + down_rows - 1) / down_rows), static_cast<unsigned>(mt));
   const int4* tl = static_cast<const int4*>(tiles);
   if (wtype == DType::kBF16) {
     using B = __nv_bfloat16;
