@@ -90,8 +90,8 @@ struct CudaModel::DevLayer {
   DeviceArray<float> q_norm, k_norm;
   DevMat in_proj, out_proj;  // in_proj: in_qkvz and in_ba stacked, one product for both
   DeviceArray<float> conv, dt_bias, neg_exp_a, gnorm;
-  DevMat
-      router;  // [E + 1, H]: the router's E rows, then the shared expert's gate row (one product)
+  // router [E + 1, H]: the router's E rows, then the shared expert's gate row (one product).
+  DevMat router;
   DevFfn experts;
   DevFfn shared, mlp;
 };
@@ -1073,7 +1073,8 @@ void CudaModel::deltanet_layer(const DevLayer& L, const Table& tb, int64_t N, in
   float* const* conv_hist = tb.at<float* const>(tb.conv_hist + lg * nseq);
   const int64_t K = c.linear_conv_kernel_dim;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(Dk));
-  if (N <= kPrepTokens) {  // one launch; a block per head walks its sequence's tokens
+  if (N <= kPrepTokens && Dk <= cuda::kGdnPrepMaxDim && Dv <= cuda::kGdnPrepMaxDim) {
+    // One launch; a block per head walks its sequence's tokens.
     cuda::gdn_prep(PB, starts, conv, conv_hist, L.conv.data(), nseq, Hk, Dk, r, Dv, K,
                    L.dt_bias.data(), L.neg_exp_a.data(), q_scale, qq, kk, vv, z, beta, g, s);
   } else {  // prompts: the same bits in three launches, the norms over all rows at once

@@ -1813,6 +1813,7 @@ void gdn_prep(const float* PB, const int32_t* starts, float* const* state, float
               int64_t K, const float* dt_bias, const float* neg_exp_a, float q_scale, float* q,
               float* k, float* v, float* z, float* beta, float* g, cudaStream_t stream) {
   TF_CUDA_REQUIRE(K <= kMaxConv, "gdn_prep: conv kernel above 8");
+  static_assert(kGdnPrepMaxDim == kPrepThreads);
   TF_CUDA_REQUIRE(Dk <= kPrepThreads && Dv <= kPrepThreads, "gdn_prep: head dims above 128");
   if (nseq == 0) return;
   const dim3 grid(static_cast<unsigned>(2 * Hk + Hk * r), static_cast<unsigned>(nseq));

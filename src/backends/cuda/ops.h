@@ -215,7 +215,8 @@ void split_qkvz_gates(const float* PB, int64_t n, int64_t Hk, int64_t Dk, int64_
 // launch, bitwise split_qkvz_gates, then conv_silu_seqs (state, hist as there), then
 // l2norm_scale_qk (eps 1e-6, q scaled by q_scale): from the stacked projection PB [n, Hk G +
 // Hk 2 r] to q, k [n, Hk Dk], v, z [n, Hk r Dv], beta, g [n, Hk r]. One block per (head,
-// sequence). Dk, Dv <= 128, K <= 8.
+// sequence). Dk, Dv <= kGdnPrepMaxDim, K <= 8.
+inline constexpr int64_t kGdnPrepMaxDim = 128;
 void gdn_prep(const float* PB, const int32_t* starts, float* const* state, float* const* hist,
               const float* conv_w, int64_t nseq, int64_t Hk, int64_t Dk, int64_t r, int64_t Dv,
               int64_t K, const float* dt_bias, const float* neg_exp_a, float q_scale, float* q,
