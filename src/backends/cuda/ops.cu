@@ -386,6 +386,19 @@ __global__ void moe_group_kernel(const int32_t* experts, int64_t slots, int64_t 
   }
 }
 
+// A tile's slots, slot[u] = sorted[tl.y + u] for u < tl.z (0 past them), and each one's
+// activation row, row[u] = base + (slot[u] / per) * stride.
+__device__ __forceinline__ void tile_rows(const int32_t* __restrict__ sorted, int4 tl,
+                                          const float* base, int64_t per, int64_t stride,
+                                          int64_t (&slot)[kTokTile],
+                                          const float* (&row)[kTokTile]) {
+#pragma unroll
+  for (int u = 0; u < kTokTile; ++u) {
+    slot[u] = u < tl.z ? sorted[tl.y + u] : 0;
+    row[u] = base + (slot[u] / per) * stride;
+  }
+}
+
 // Block (row group, tile): the tile's slots (one expert) share each weight load. Gate and up:
 // warp w takes rows i0 = (blockIdx.x warps + w) kGroupRows .. of both matrices, four weight rows
 // (gate i0, i0 + 1, up i0, i0 + 1) with two chunks each in flight; down: four rows of wd. Per
@@ -404,11 +417,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
   const int4 tl = tiles[blockIdx.y];
   const float* xr[kTokTile];
   int64_t slot[kTokTile];
-#pragma unroll
-  for (int u = 0; u < kTokTile; ++u) {
-    slot[u] = u < tl.z ? sorted[tl.y + u] : 0;
-    xr[u] = x + (slot[u] / k) * H;
-  }
+  tile_rows(sorted, tl, x, k, H, slot, xr);  // slot s reads its token's row x[s / k]
   const int nr = static_cast<int>(I - i0 < kGroupRows ? I - i0 : kGroupRows);
   const W* gr = wg + (tl.x * I + i0) * H;
   const W* ur = wu + (tl.x * I + i0) * H;
@@ -446,11 +455,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
   const int4 tl = tiles[blockIdx.y];
   const float* hr[kTokTile];
   int64_t slot[kTokTile];
-#pragma unroll
-  for (int u = 0; u < kTokTile; ++u) {
-    slot[u] = u < tl.z ? sorted[tl.y + u] : 0;
-    hr[u] = h + slot[u] * I;
-  }
+  tile_rows(sorted, tl, h, 1, I, slot, hr);  // slot s reads its own row h[s]
   const int nr = static_cast<int>(H - d0 < kMatRows ? H - d0 : kMatRows);
   const W* wr = wd + (tl.x * H + d0) * I;
   float acc[kMatRows][kTokTile];
@@ -613,6 +618,21 @@ __global__ void kv_append_kernel(const float* __restrict__ k, const float* __res
 
 // Block (channel group, sequence): thread c keeps the channel's last K-1 inputs in registers.
 constexpr int kMaxConv = 8;
+// One causal-conv step of a channel: window win (its last K-1 inputs), weights wc, new input xin;
+// returns silu(sum_j wc[j] in_j), j ascending, and shifts xin into the window.
+__device__ __forceinline__ float conv_step(float (&win)[kMaxConv], const float (&wc)[kMaxConv],
+                                           int64_t K, float xin) {
+  float acc = 0;
+#pragma unroll
+  for (int j = 0; j < kMaxConv; ++j)
+    if (j < K) acc = fmaf(wc[j], j < K - 1 ? win[j] : xin, acc);
+#pragma unroll
+  for (int j = 0; j < kMaxConv - 1; ++j) {
+    if (j < K - 2) win[j] = win[j + 1];
+    if (j == K - 2) win[j] = xin;
+  }
+  return acc / (1.0f + expf(-acc));
+}
 __global__ void conv_silu_seqs_kernel(const float* __restrict__ xc,
                                       const int32_t* __restrict__ starts, float* const* state,
                                       float* const* hist, const float* __restrict__ w, int64_t C,
@@ -634,16 +654,7 @@ __global__ void conv_silu_seqs_kernel(const float* __restrict__ xc,
   for (int64_t i = i0; i < starts[blockIdx.y + 1]; ++i) {
     const float xin = xc[i * C + c];
     if (hs != nullptr) hs[(K - 1 + i - i0) * C + c] = xin;
-    float acc = 0;
-#pragma unroll
-    for (int j = 0; j < kMaxConv; ++j)
-      if (j < K) acc = fmaf(wc[j], j < K - 1 ? win[j] : xin, acc);
-#pragma unroll
-    for (int j = 0; j < kMaxConv - 1; ++j) {
-      if (j < K - 2) win[j] = win[j + 1];
-      if (j == K - 2) win[j] = xin;
-    }
-    const float out = acc / (1.0f + expf(-acc));
+    const float out = conv_step(win, wc, K, xin);
     if (c < kd)
       q[i * kd + c] = out;
     else if (c < 2 * kd)
@@ -1312,16 +1323,7 @@ __global__ void __launch_bounds__(kPrepThreads)
     const float* P = PB + t * W;
     const float xin = live ? P[col] : 0.0f;
     if (live && hs != nullptr) hs[(K - 1 + t - t0) * C + c] = xin;
-    float acc = 0;
-#pragma unroll
-    for (int m = 0; m < kMaxConv; ++m)
-      if (m < K) acc = fmaf(wc[m], m < K - 1 ? win[m] : xin, acc);
-#pragma unroll
-    for (int m = 0; m < kMaxConv - 1; ++m) {
-      if (m < K - 2) win[m] = win[m + 1];
-      if (m == K - 2) win[m] = xin;
-    }
-    const float out = acc / (1.0f + expf(-acc));
+    const float out = conv_step(win, wc, K, xin);
     if (kind == 2) {
       if (live) {
         v[(t * Hv + hh) * Dv + i] = out;
