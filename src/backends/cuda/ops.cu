@@ -1,5 +1,7 @@
-// CUDA kernels of src/backends/cuda/ops.h. Launch shapes depend on the op's row width only, never
-// on the number of rows, so every row is computed by the same instructions in any batch.
+// CUDA kernels of src/backends/cuda/ops.h. A row's arithmetic depends on the op's row width only,
+// never on the number of rows: where the number of rows picks the launch shape or the kernel
+// (token tiles, attention's cluster or one block per row), every choice computes a row with the
+// same operations in the same order, so a row has the same bits in any batch.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
