@@ -103,6 +103,15 @@ void add_serve(CLI::App& app) {
         if (!b) return b.status().message();
         return *b == 0 ? "the residency limit must be more than 0 bytes" : "";
       });
+  cmd->add_option(
+         "--residency-device-limit", o->residency_device_budget,
+         "With --device cuda: the device memory the resident set may count, in bytes (e.g. 100G) "
+         "or percent of the device (e.g. 90%) [default: 100%]")
+      ->check([](const std::string& v) -> std::string {
+        auto b = residency::parse_budget(v, size_t{1} << 40);  // syntax; the device's size later
+        if (!b) return b.status().message();
+        return *b == 0 ? "the residency device limit must be more than 0 bytes" : "";
+      });
   auto duration = [](int64_t* ms) {
     return [ms](const std::string& v) { *ms = residency::parse_duration(v).value().count(); };
   };

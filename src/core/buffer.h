@@ -1,21 +1,29 @@
 // Followed buffers: every long-lived engine buffer (sequence states, kept snapshots, KV) is made
-// through TrackedAllocator, which tells a BufferObserver right after it allocates and right before
-// it frees. The residency owner is such an observer (join on create, leave before free), so no
-// owner of a buffer can forget either step; with no observer the allocator is plain new/delete.
+// through TrackedAllocator (host memory) or a device model's allocator (model/cuda_model.h), which
+// tell a BufferObserver right after they allocate and right before they free. The residency owner
+// is such an observer (join on create, leave before free), so no owner of a buffer can forget
+// either step; with no observer the allocators are plain new/delete (cudaMalloc/cudaFree).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <vector>
 
 namespace tf {
+
+// Where a followed buffer lives.
+enum class BufferKind : uint8_t {
+  kHost,    // host memory (pageable, or pinned by the device runtime)
+  kDevice,  // device memory (cudaMalloc)
+};
 
 class BufferObserver {
  public:
   virtual ~BufferObserver() = default;
   // Called after [p, p + bytes) is allocated. Must not throw: a refusal (over budget, lock
   // failed) is the observer's to record; the buffer is used either way.
-  virtual void on_create(const void* p, size_t bytes) noexcept = 0;
+  virtual void on_create(const void* p, size_t bytes, BufferKind kind) noexcept = 0;
   // Called before [p, p + bytes) is freed; after it returns the observer never touches the range.
   virtual void on_release(const void* p, size_t bytes) noexcept = 0;
 };
@@ -37,7 +45,7 @@ class TrackedAllocator {
 
   T* allocate(size_t n) {
     T* p = static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
-    if (observer_) observer_->on_create(p, n * sizeof(T));
+    if (observer_) observer_->on_create(p, n * sizeof(T), BufferKind::kHost);
     return p;
   }
   void deallocate(T* p, size_t n) noexcept {

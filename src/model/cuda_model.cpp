@@ -20,17 +20,70 @@ uint64_t addr(const void* p) {
 }
 }  // namespace
 
-// ---- DeviceArray
-// ---------------------------------------------------------------------------------
+// ---- DeviceHeap, DeviceArray
+// ------------------------------------------------------------------------
+
+void* DeviceHeap::alloc(size_t bytes, BufferKind kind) {
+  void* p = nullptr;
+  if (kind == BufferKind::kDevice)
+    TF_CUDA_CHECK(cudaMalloc(&p, bytes));
+  else
+    TF_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  std::lock_guard<std::mutex> lock(mu_);
+  live_.emplace(p, Block{bytes, kind});
+  if (observer_) observer_->on_create(p, bytes, kind);
+  return p;
+}
+
+void DeviceHeap::free(void* p) noexcept {
+  if (p == nullptr) return;
+  BufferKind kind = BufferKind::kDevice;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(p);
+    if (it != live_.end()) {
+      kind = it->second.kind;
+      if (observer_) observer_->on_release(p, it->second.bytes);
+      live_.erase(it);
+    }
+  }
+  if (kind == BufferKind::kDevice)
+    cudaFree(p);
+  else
+    cudaFreeHost(p);
+}
+
+void DeviceHeap::set_observer(BufferObserver* o) {
+  std::lock_guard<std::mutex> lock(mu_);
+  observer_ = o;
+}
+
+void DeviceHeap::for_each(
+    const std::function<void(const void* p, size_t bytes, BufferKind kind)>& f) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [p, b] : live_) f(p, b.bytes, b.kind);
+}
+
+size_t DeviceHeap::live_bytes(BufferKind kind) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [p, b] : live_) n += b.kind == kind ? b.bytes : 0;
+  return n;
+}
+
+DeviceHeap& device_heap() {
+  static DeviceHeap* heap = new DeviceHeap();  // never destroyed: arrays may outlive statics
+  return *heap;
+}
 
 template <class T>
 DeviceArray<T>::DeviceArray(size_t count) : n_(count) {
-  if (count > 0) TF_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), count * sizeof(T)));
+  if (count > 0) p_ = static_cast<T*>(device_heap().alloc(count * sizeof(T), BufferKind::kDevice));
 }
 template <class T>
 DeviceArray<T>& DeviceArray<T>::operator=(DeviceArray&& o) noexcept {
   if (this != &o) {
-    if (p_) cudaFree(p_);
+    device_heap().free(p_);
     p_ = o.p_, n_ = o.n_;
     o.p_ = nullptr, o.n_ = 0;
   }
@@ -38,7 +91,7 @@ DeviceArray<T>& DeviceArray<T>::operator=(DeviceArray&& o) noexcept {
 }
 template <class T>
 DeviceArray<T>::~DeviceArray() {
-  if (p_) cudaFree(p_);
+  device_heap().free(p_);
 }
 template class DeviceArray<float>;
 template class DeviceArray<int32_t>;
@@ -377,7 +430,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create_dummy(const ModelConfig& c,
 
 CudaModel::~CudaModel() {
   drop_graphs();
-  if (pinned_) cudaFreeHost(pinned_);
+  device_heap().free(pinned_);
   if (stream_) cudaStreamDestroy(as_stream(stream_));
 }
 
@@ -798,14 +851,43 @@ void CudaModel::run_graph(const std::vector<int64_t>& key, const std::function<v
   enqueue();
   if (graphs_gen_ != generation_) drop_graphs(), graphs_gen_ = generation_;
   cudaGraph_t graph;
-  TF_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  enqueue();
-  TF_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  {
+    std::lock_guard<std::mutex> lock(capture_mu_);
+    TF_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    enqueue();
+    TF_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  }
   TF_CUDA_REQUIRE(graphs_gen_ == generation_, "a buffer grew while capturing a graph");
   cudaGraphExec_t exec;
   TF_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   TF_CUDA_CHECK(cudaGraphDestroy(graph));
   graphs_.emplace(key, exec);
+}
+
+residency::CudaApi CudaModel::residency_api() {
+  residency::CudaApi a;
+  const int device = device_;
+  a.device_alloc = [device](void** p, size_t n) {
+    cudaError_t e = cudaSetDevice(device);
+    return static_cast<int>(e != cudaSuccess ? e : cudaMalloc(p, n));
+  };
+  a.device_free = [](void* p) { return static_cast<int>(cudaFree(p)); };
+  a.copy_sync = [this](void* dst, const void* src, size_t n) {
+    std::lock_guard<std::mutex> lock(capture_mu_);
+    const cudaStream_t s = as_stream(stream_);
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s);
+    return static_cast<int>(e != cudaSuccess ? e : cudaStreamSynchronize(s));
+  };
+  a.error_string = [](int e) {
+    return std::string(cudaGetErrorString(static_cast<cudaError_t>(e)));
+  };
+  return a;
+}
+
+size_t CudaModel::device_memory_bytes() const {
+  size_t free_b = 0, total_b = 0;
+  TF_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return total_b;
 }
 
 int64_t CudaModel::step(std::span<const CudaStepInput> in) {
@@ -836,9 +918,9 @@ void CudaModel::forward(std::span<const CudaStepInput> inputs, std::vector<float
   // bus speed (0.6 MB per row at vocabulary 151936).
   const size_t bytes = R * V * sizeof(float);
   if (pinned_bytes_ < bytes) {
-    if (pinned_) TF_CUDA_CHECK(cudaFreeHost(pinned_));
+    device_heap().free(pinned_);
     pinned_bytes_ = std::max(bytes, 2 * pinned_bytes_);
-    TF_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_));
+    pinned_ = device_heap().alloc(pinned_bytes_, BufferKind::kHost);
   }
   TF_CUDA_CHECK(
       cudaMemcpyAsync(pinned_, scratch_[kLogits].data(), bytes, cudaMemcpyDeviceToHost, s));

@@ -23,15 +23,44 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/status.h"
 #include "model/model.h"
+#include "residency/cuda_backend.h"
 
 namespace tf {
 
-// A device allocation of `count` T, freed on destruction; movable.
+// Where the process's device buffers come from: every DeviceArray (weights, scratch, sequence
+// states and their copies) and the pinned host staging of the device's copies. It knows what is
+// live, so that the residency owner can hold what exists at startup (for_each) and follow what is
+// made and freed later (set_observer: told after each allocation, before each free). One per
+// process (a server runs one engine on one device). Thread-safe.
+class DeviceHeap {
+ public:
+  // cudaMalloc (kDevice) or cudaMallocHost (kHost: pinned); a CHECK failure when out of memory.
+  void* alloc(size_t bytes, BufferKind kind);
+  void free(void* p) noexcept;  // nullptr: nothing
+  void set_observer(BufferObserver* o);
+  // Every live allocation, in address order.
+  void for_each(const std::function<void(const void* p, size_t bytes, BufferKind kind)>& f) const;
+  size_t live_bytes(BufferKind kind) const;
+
+ private:
+  struct Block {
+    size_t bytes;
+    BufferKind kind;
+  };
+  mutable std::mutex mu_;
+  std::map<const void*, Block> live_;   // guarded by mu_
+  BufferObserver* observer_ = nullptr;  // guarded by mu_
+};
+DeviceHeap& device_heap();
+
+// A device allocation of `count` T (from device_heap()), freed on destruction; movable.
 template <class T>
 class DeviceArray {
  public:
@@ -153,6 +182,11 @@ class CudaModel {
   void set_graphs(bool on) { graphs_on_ = on; }
   const ModelConfig& config() const { return config_; }
   const CudaWeightBytes& weight_bytes() const { return bytes_; }
+  // The runtime calls of residency's CUDA mapping (residency/cuda_backend.h) on this model's
+  // device and stream. The tick's copy never lands inside a graph being captured.
+  residency::CudaApi residency_api();
+  // The device's memory in bytes (the default device residency budget).
+  size_t device_memory_bytes() const;
 
  private:
   struct DevMat;
@@ -200,6 +234,9 @@ class CudaModel {
   ModelConfig config_;
   int device_ = 0;
   void* stream_ = nullptr;  // cudaStream_t
+  // Held while a graph is captured on stream_: work another thread puts on the stream then (the
+  // residency tick's copy) would be captured into the graph.
+  std::mutex capture_mu_;
   std::unique_ptr<DevMat> embed_, lm_head_;
   std::unique_ptr<DevMtp> mtp_;  // the MTP head (null: none)
   DeviceArray<float> final_norm_, inv_freq_;

@@ -6,8 +6,10 @@
 
 #include "backends/cpu/ops.h"
 #include "core/check.h"
+#include "residency/cpu_backend.h"
 #ifdef TF_HAVE_CUDA
 #include "model/cuda_model.h"
+#include "residency/cuda_backend.h"
 #endif
 
 namespace tf {
@@ -62,6 +64,52 @@ Status Model::use_cuda([[maybe_unused]] int device) {
   return Status(StatusCode::kUnavailable,
                 "this build has no CUDA backend (configure with -DTF_CUDA=ON where nvcc is found)");
 #endif
+}
+
+std::vector<residency::Range> Model::residency_ranges() const {
+  namespace rs = residency;
+  std::vector<rs::Range> set;
+#ifdef TF_HAVE_CUDA
+  if (cuda_) {
+    device_heap().for_each([&](const void* p, size_t n, BufferKind kind) {
+      set.push_back(kind == BufferKind::kDevice
+                        ? rs::Range{p, n, rs::Memory::kDevice, "device buffer"}
+                        : rs::Range{p, n, rs::Memory::kHost, "pinned staging"});
+    });
+    return set;
+  }
+#endif
+  for (const auto& f : checkpoint().files())
+    set.push_back(rs::Range{f->mapping(), f->mapping_size(), rs::Memory::kHost, "weights"});
+  weights().for_each_owned([&](const void* p, size_t n) {
+    set.push_back(rs::Range{p, n, rs::Memory::kHost, "weights (owned copy)"});
+  });
+  return set;
+}
+
+Result<std::unique_ptr<residency::Backend>> Model::residency_backend() const {
+  auto host = std::make_unique<residency::CpuBackend>();
+#ifdef TF_HAVE_CUDA
+  if (cuda_) {
+    TF_ASSIGN_OR_RETURN(auto b,
+                        residency::CudaBackend::create(cuda_->residency_api(), std::move(host)));
+    return std::unique_ptr<residency::Backend>(std::move(b));
+  }
+#endif
+  return std::unique_ptr<residency::Backend>(std::move(host));
+}
+
+void Model::follow_device_buffers([[maybe_unused]] BufferObserver* o) const {
+#ifdef TF_HAVE_CUDA
+  if (cuda_) device_heap().set_observer(o);
+#endif
+}
+
+size_t Model::device_memory_bytes() const {
+#ifdef TF_HAVE_CUDA
+  if (cuda_) return cuda_->device_memory_bytes();
+#endif
+  return 0;
 }
 
 #ifdef TF_HAVE_CUDA

@@ -17,6 +17,7 @@
 #include "io/checkpoint.h"
 #include "model/tp.h"
 #include "model/weights.h"
+#include "residency/backend.h"
 
 namespace tf {
 
@@ -222,6 +223,20 @@ class Model {
   bool on_device() const { return cuda_ != nullptr; }
   // The device model (nullptr on the CPU), e.g. for the device's name and memory in reports.
   CudaModel* cuda() const { return cuda_.get(); }
+
+  // Residency (../shared/design/residency.md; server/residency_setup.cpp). The model's buffers
+  // that exist now, as members of a resident set: on the host the checkpoint's mapping and the
+  // weights' owned copies; on a device every buffer of the device heap (weights, scratch, the
+  // pinned staging; not the host copy of the weights, which the device path never reads).
+  std::vector<residency::Range> residency_ranges() const;
+  // The backend that holds them: CpuBackend on the host; on a device a CudaBackend whose tick
+  // copies on the model's stream (host ranges locked as on the CPU).
+  Result<std::unique_ptr<residency::Backend>> residency_backend() const;
+  // On a device: every device buffer made or freed from now on reports to `o` (nullptr: stop);
+  // on the host nothing (host states report through new_state's observer).
+  void follow_device_buffers(BufferObserver* o) const;
+  // The device's memory in bytes (the default device budget); 0 on the host.
+  size_t device_memory_bytes() const;
 
  private:
   // Rows of one sequence in an attention layer: T new rows at positions pos0.. of `cache`.

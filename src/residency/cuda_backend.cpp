@@ -12,19 +12,18 @@ int CudaBackend::call(const char* name, const std::function<int()>& f) {
   return f();
 }
 
-Status CudaBackend::error(const char* call, int code, const Range* r) const {
+Status CudaBackend::error(const char* call, int code) const {
   const std::string what = api_.error_string ? api_.error_string(code) : std::to_string(code);
-  if (r == nullptr) return Status(StatusCode::kUnavailable, fmt::format("{}: {}", call, what));
-  return Status(
-      StatusCode::kResourceExhausted,
-      fmt::format("{} of {} ({:.1f} MiB) failed: {}", call, r->what, r->bytes / 1048576.0, what));
+  return Status(StatusCode::kUnavailable, fmt::format("{}: {}", call, what));
 }
 
-Result<std::unique_ptr<CudaBackend>> CudaBackend::create(CudaApi api, Faults* faults) {
-  std::unique_ptr<CudaBackend> b(new CudaBackend(std::move(api), faults));
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(CudaApi api, std::unique_ptr<Backend> host,
+                                                         Faults* faults) {
+  TF_CHECK(host != nullptr, "CudaBackend::create: no host backend");
+  std::unique_ptr<CudaBackend> b(new CudaBackend(std::move(api), std::move(host), faults));
   void* p = nullptr;
   if (int e = b->call("cudaMalloc", [&] { return b->api_.device_alloc(&p, kScratchBytes); }))
-    return b->error("cudaMalloc of the residency scratch buffer", e, nullptr);
+    return b->error("cudaMalloc of the residency scratch buffer", e);
   b->scratch_ = p;
   return b;
 }
@@ -35,23 +34,30 @@ CudaBackend::~CudaBackend() {
 
 Status CudaBackend::add(const Range& r) {
   if (r.memory == Memory::kDevice) return Status::ok();  // counted by the owner; never evicted
-  void* p = const_cast<void*>(r.data);
-  if (int e = call("cudaHostRegister", [&] { return api_.host_register(p, r.bytes); }))
-    return error("cudaHostRegister", e, &r);
-  return Status::ok();
+  return host_->add(r);
 }
 
-void CudaBackend::remove(const Range& member, const Range&) noexcept {
+void CudaBackend::remove(const Range& member, const Range& exclusive) noexcept {
   if (member.memory == Memory::kDevice) return;
-  void* p = const_cast<void*>(member.data);
-  (void)call("cudaHostUnregister", [&] { return api_.host_unregister(p); });
+  host_->remove(member, exclusive);
+}
+
+Result<CheckResult> CudaBackend::check(const Range& r) {
+  if (r.memory == Memory::kDevice) return CheckResult{};
+  return host_->check(r);
+}
+
+Result<TouchResult> CudaBackend::touch(const Range& r) {
+  if (r.memory == Memory::kDevice) return TouchResult{};  // not readable from the host
+  return host_->touch(r);
 }
 
 Status CudaBackend::keepalive() {
+  TF_RETURN_IF_ERROR(host_->keepalive());
   char* s = static_cast<char*>(scratch_);
   if (int e =
           call("cudaMemcpyAsync", [&] { return api_.copy_sync(s + kTickBytes, s, kTickBytes); }))
-    return error("the residency tick's scratch copy", e, nullptr);
+    return error("the residency tick's scratch copy", e);
   return Status::ok();
 }
 

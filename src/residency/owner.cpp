@@ -204,7 +204,9 @@ bool Owner::next_piece(Cursor& c, Range* piece) const {
   if (it == members_.end()) return false;
   const Member& m = it->second;
   const size_t off = (it->first == c.key && m.id == c.id) ? c.offset : 0;
-  const size_t n = std::min(kTickPiece, m.bytes - off);
+  // Device memory is neither checked nor read from the host: one piece, whatever its size.
+  const size_t n =
+      m.memory == Memory::kDevice ? m.bytes - off : std::min(kTickPiece, m.bytes - off);
   *piece = Range{reinterpret_cast<const void*>(it->first + off), n, m.memory, m.what};
   if (off + n < m.bytes)
     c = Cursor{it->first, m.id, off + n};
@@ -240,7 +242,7 @@ TickReport Owner::tick(const std::atomic<bool>* stop) {
     bool wrapped = false;
     while (!stopped()) {
       std::lock_guard<std::mutex> lock(mu_);
-      const size_t held = stats_.memory[0].held + stats_.memory[1].held;
+      const size_t held = per(Memory::kHost).held;  // device memory is not read from here
       Range piece;
       if (!next_piece(touch_cursor_, &piece)) {
         touch_cursor_ = Cursor{};
@@ -248,6 +250,7 @@ TickReport Owner::tick(const std::atomic<bool>* stop) {
         wrapped = true;
         continue;
       }
+      if (piece.memory == Memory::kDevice) continue;
       auto res = backend_->touch(piece);
       if (!res) {
         if (rep.status.is_ok()) rep.status = res.status();
@@ -296,10 +299,12 @@ Owner::State Owner::state(const void* data) const {
   return it->second.committed ? State::kHeld : State::kStaged;
 }
 
-void Owner::on_create(const void* p, size_t bytes) noexcept {
+void Owner::on_create(const void* p, size_t bytes, BufferKind kind) noexcept {
+  const Range r = kind == BufferKind::kDevice ? Range{p, bytes, Memory::kDevice, "device buffer"}
+                                              : Range{p, bytes, Memory::kHost, "state buffer"};
   Status s;
   try {
-    s = join(Range{p, bytes, Memory::kHost, "state buffer"}, Join::kStage);
+    s = join(r, Join::kStage);
   } catch (...) {  // building the error message itself ran out of memory
     s = Status(StatusCode::kResourceExhausted, "");
   }

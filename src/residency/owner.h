@@ -128,8 +128,9 @@ class Owner final : public BufferObserver {
   State state(const void* data) const;
   const Backend& backend() const { return *backend_; }
 
-  // follow (BufferObserver): join staged on create; leave before release.
-  void on_create(const void* p, size_t bytes) noexcept override;
+  // follow (BufferObserver): join staged on create (device buffers against the device budget);
+  // leave before release.
+  void on_create(const void* p, size_t bytes, BufferKind kind) noexcept override;
   void on_release(const void* p, size_t bytes) noexcept override;
 
  private:

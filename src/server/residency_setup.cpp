@@ -12,17 +12,11 @@ namespace tf::server {
 namespace rs = residency;
 
 std::unique_ptr<ServerResidency> ServerResidency::hold(const Model& model, size_t budget_bytes,
+                                                       const std::string& device_budget,
                                                        size_t touch_per_tick) {
-  std::vector<rs::Range> set;
-  size_t weights = 0, program = 0;
-  for (const auto& f : model.checkpoint().files()) {
-    set.push_back(rs::Range{f->mapping(), f->mapping_size(), rs::Memory::kHost, "weights"});
-    weights += f->mapping_size();
-  }
-  model.weights().for_each_owned([&](const void* p, size_t n) {
-    set.push_back(rs::Range{p, n, rs::Memory::kHost, "weights (owned copy)"});
-    weights += n;
-  });
+  std::vector<rs::Range> set = model.residency_ranges();
+  size_t bytes[rs::kMemoryKinds] = {0, 0}, program = 0;
+  for (const rs::Range& r : set) bytes[static_cast<int>(r.memory)] += r.bytes;
   for (const rs::Range& r : rs::program_ranges()) {
     set.push_back(r);
     program += r.bytes;
@@ -30,27 +24,53 @@ std::unique_ptr<ServerResidency> ServerResidency::hold(const Model& model, size_
   if (budget_bytes == 0) budget_bytes = rs::parse_budget("", rs::physical_memory_bytes()).value();
   rs::OwnerOptions oo;
   oo.budget[static_cast<int>(rs::Memory::kHost)] = budget_bytes;
+  if (model.on_device()) {
+    // Device memory is not evicted: the budget only bounds what the set counts (100% default).
+    auto b = rs::parse_budget(device_budget.empty() ? "100%" : device_budget,
+                              model.device_memory_bytes());
+    if (!b) {
+      spdlog::warn("residency: {}; serving without residency", b.status().message());
+      return nullptr;
+    }
+    oo.budget[static_cast<int>(rs::Memory::kDevice)] = *b;
+  }
   oo.touch_per_tick = touch_per_tick;
   const auto t0 = std::chrono::steady_clock::now();
-  auto owner = rs::Owner::hold(std::make_unique<rs::CpuBackend>(), oo, set);
+  auto backend = model.residency_backend();
+  if (!backend) {
+    spdlog::warn("residency: {}; serving without residency", backend.status().message());
+    return nullptr;
+  }
+  auto owner = rs::Owner::hold(std::move(*backend), oo, set);
   if (!owner) {
     spdlog::warn("residency: cannot hold the engine's buffers: {}; serving without residency",
                  owner.status().message());
     return nullptr;
   }
+  const size_t host = bytes[static_cast<int>(rs::Memory::kHost)];
+  const size_t device = bytes[static_cast<int>(rs::Memory::kDevice)];
   spdlog::info(
-      "residency: holding {:.1f} MiB (weights {:.1f} MiB, program {:.1f} MiB) of a {:.1f} MiB "
-      "budget in {:.2f} s",
-      (weights + program) / 1048576.0, weights / 1048576.0, program / 1048576.0,
-      budget_bytes / 1048576.0,
+      "residency: holding {:.1f} MiB of host memory ({} {:.1f} MiB, program {:.1f} MiB) of a "
+      "{:.1f} MiB budget{} in {:.2f} s",
+      (host + program) / 1048576.0, model.on_device() ? "pinned staging" : "weights",
+      host / 1048576.0, program / 1048576.0, budget_bytes / 1048576.0,
+      model.on_device()
+          ? fmt::format(", and {:.1f} MiB of device memory of a {:.1f} MiB device budget",
+                        device / 1048576.0,
+                        oo.budget[static_cast<int>(rs::Memory::kDevice)] / 1048576.0)
+          : std::string(),
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   auto r = std::unique_ptr<ServerResidency>(new ServerResidency());
   r->owner_ = std::move(*owner);
+  r->model_ = &model;
+  // Device buffers made and freed from now on (states, kept copies, grown scratch) follow.
+  model.follow_device_buffers(r->owner_.get());
   return r;
 }
 
 ServerResidency::~ServerResidency() {
   stop();
+  if (model_ != nullptr) model_->follow_device_buffers(nullptr);  // before the owner goes
 }
 
 void ServerResidency::start(Engine& engine, const rs::KeepaliveOptions& o) {

@@ -187,7 +187,8 @@ class Service {
                    o_.draft_adaptive ? "adaptive" : "fixed", o_.draft_p_min);
     }
     if (o_.residency) {
-      residency_ = ServerResidency::hold(*model_, o_.residency_budget, o_.residency_touch);
+      residency_ = ServerResidency::hold(*model_, o_.residency_budget, o_.residency_device_budget,
+                                         o_.residency_touch);
       if (residency_) eo.buffers = residency_->observer();
     } else {
       spdlog::info("residency: off (--no-residency or TENSORFOLD_NO_RESIDENCY)");

@@ -35,10 +35,11 @@ struct ServerOptions {
   int keepalive_ms = 2000;                  // SSE comment interval while nothing is produced
   bool log_json = false;                    // one JSON object per log line
   // Residency (../shared/design/residency.md): hold the engine's buffers resident; the tick.
-  bool residency = true;             // false: no owner at all (--no-residency)
-  size_t residency_budget = 0;       // host bytes; 0: 70% of physical RAM
-  int64_t residency_tick_ms = 1000;  // keepalive tick period while idle
-  int64_t keep_warm_ms = 600000;     // ticks go on this long after the last request
+  bool residency = true;                // false: no owner at all (--no-residency)
+  size_t residency_budget = 0;          // host bytes; 0: 70% of physical RAM
+  std::string residency_device_budget;  // --device cuda: bytes or "N%" of the device; "": 100%
+  int64_t residency_tick_ms = 1000;     // keepalive tick period while idle
+  int64_t keep_warm_ms = 600000;        // ticks go on this long after the last request
   // Bytes each idle tick reads (0: none): for a VM whose host reclaims guest memory, mlocked or
   // not (docs/PERFORMANCE.md, "Residency").
   size_t residency_touch = 0;

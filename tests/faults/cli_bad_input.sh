@@ -34,4 +34,7 @@ golden="$(cd "$(dirname "$0")/../golden" && pwd)"
 expect_error "has no MTP head" "$bin" generate --model "$golden/a_bf16_per_expert" --prompt-ids 1,2 --draft 2
 expect_error "greedy" "$bin" generate --model "$golden/c_f16_tied_mtp" --prompt-ids 1,2 --draft 2 --temperature 0.7
 expect_error "has no MTP head" "$bin" bench --model "$golden/a_bf16_per_expert" --prompt-ids 1,2 --draft 2
+# Residency budgets are checked while parsing, before the model loads.
+expect_error "residency limit must be more than 0" "$bin" serve --residency-limit 0
+expect_error "residency device limit must be more than 0" "$bin" serve --residency-device-limit 0
 exit $fail

@@ -48,7 +48,8 @@ TEST(DType, Bf16RoundTripAndRounding) {
 struct CountingObserver : BufferObserver {
   std::map<const void*, size_t> live;
   size_t creates = 0, bad_releases = 0;
-  void on_create(const void* p, size_t bytes) noexcept override {
+  void on_create(const void* p, size_t bytes, BufferKind kind) noexcept override {
+    if (kind != BufferKind::kHost) ++bad_releases;  // TrackedAllocator makes host memory only
     live[p] = bytes;
     ++creates;
   }

@@ -772,21 +772,9 @@ TEST(Residency, ProgramRangesCoverThisCode) {
 
 // A CUDA runtime on the host: device memory is malloc'd, copies are memcpy.
 struct FakeCuda {
-  std::vector<std::pair<void*, size_t>> registered;
   int copies = 0, frees = 0;
   CudaApi api() {
     CudaApi a;
-    a.host_register = [this](void* p, size_t n) {
-      for (auto& [q, m] : registered)
-        if (q == p) return 712;  // cudaErrorHostMemoryAlreadyRegistered
-      registered.emplace_back(p, n);
-      return 0;
-    };
-    a.host_unregister = [this](void* p) {
-      for (auto it = registered.begin(); it != registered.end(); ++it)
-        if (it->first == p) return registered.erase(it), 0;
-      return 713;  // cudaErrorHostMemoryNotRegistered
-    };
     a.device_alloc = [](void** p, size_t n) { return (*p = std::calloc(1, n)) ? 0 : 2; };
     a.device_free = [this](void* p) { return std::free(p), ++frees, 0; };
     a.copy_sync = [this](void* d, const void* s, size_t n) {
@@ -797,49 +785,66 @@ struct FakeCuda {
   }
 };
 
-TEST(Residency, CudaMappingRegistersHostCountsDeviceAndTicksWithAScratchCopy) {
+// The CUDA mapping: host buffers (program text, pinned staging) are locked by the host backend
+// like the CPU engine's, device buffers are only counted against the device budget, and the tick
+// is the host checks plus one 16-byte copy inside the scratch buffer. (Routing device ranges to
+// the host backend once made this test fail: mlock of the stand-in "device" range raised the
+// locked page count and the injected mlock failure hit the device join.)
+TEST(Residency, CudaMappingLocksHostCountsDeviceAndTicksWithAScratchCopy) {
   FakeCuda cuda;
   ScriptedFaults f;
+  const size_t locked0 = locked_pages();
   {
-    auto b = CudaBackend::create(cuda.api(), &f);
+    auto b = CudaBackend::create(cuda.api(), std::make_unique<CpuBackend>(&f), &f);
     ASSERT_TRUE(b.is_ok());
+    EXPECT_TRUE((*b)->supports(Memory::kHost) && (*b)->supports(Memory::kDevice));
     auto* scratch = static_cast<unsigned char*>(const_cast<void*>((*b)->scratch()));
     for (int i = 0; i < 16; ++i) scratch[i] = static_cast<unsigned char>(i + 1);
     OwnerOptions o = options(2 * kPage, &f);
     o.budget[kDevice] = 1000;
+    o.touch_per_tick = kPage;
     Owner owner(std::move(*b), o);
     Block host(2);
     std::vector<char> dev(1200);  // stands for device memory
+    f.arm(-1, -1, 0);
     ASSERT_TRUE(owner.join(host.at(0, 1), Join::kCommit).is_ok());
-    ASSERT_EQ(cuda.registered.size(), 1u);
-    EXPECT_EQ(cuda.registered[0].second, kPage);
+    EXPECT_EQ(f.count("mlock"), 1);
+    EXPECT_EQ(locked_pages(), locked0 + 1);
     ASSERT_TRUE(owner.join(Range{dev.data(), 600, Memory::kDevice, "kv"}).is_ok());
     ASSERT_TRUE(owner.commit().is_ok());
-    EXPECT_EQ(cuda.registered.size(), 1u) << "device memory is counted, not registered";
+    EXPECT_EQ(f.count("mlock"), 1) << "device memory is counted, not locked";
+    EXPECT_EQ(locked_pages(), locked0 + 1);
     EXPECT_EQ(owner.stats().memory[kDevice].held, 600u);
     const Status past = owner.join(Range{dev.data() + 600, 600, Memory::kDevice, "kv"});
     EXPECT_EQ(past.code(), StatusCode::kResourceExhausted);
     EXPECT_EQ(owner.stats().memory[kDevice].refused, 600u);
-    // A registration failing inside join: nothing changed.
-    f.arm(-1, 0, 2);  // cudaErrorMemoryAllocation
+    // A device buffer made through an allocator the owner follows joins the device budget.
+    owner.on_create(dev.data() + 700, 300, BufferKind::kDevice);
+    ASSERT_TRUE(owner.commit().is_ok());
+    EXPECT_EQ(owner.stats().memory[kDevice].held, 900u);
+    // A lock failing inside join: nothing changed.
+    f.arm(-1, 0, ENOMEM);
     const SetView before = view(owner, {host.at(1, 1)});
     EXPECT_FALSE(owner.join(host.at(1, 1), Join::kCommit).is_ok());
     EXPECT_EQ(view(owner, {host.at(1, 1)}), before);
-    EXPECT_EQ(cuda.registered.size(), 1u);
     f.disarm();
-    // The tick: one 16-byte copy inside the scratch buffer.
+    // The tick: the host range checked and read, the device ranges neither, then one 16-byte
+    // copy inside the scratch buffer.
     const TickReport r = owner.tick();
-    EXPECT_TRUE(r.status.is_ok());
+    EXPECT_TRUE(r.status.is_ok()) << r.status.message();
+    EXPECT_EQ(r.pages, 1u);
+    EXPECT_EQ(r.pages_touched, 1u);
     EXPECT_EQ(cuda.copies, 1);
     EXPECT_EQ(std::memcmp(scratch, scratch + 16, 16), 0);
     owner.leave(host.at(0, 1).data);
-    EXPECT_TRUE(cuda.registered.empty()) << "leave unregisters before it returns";
+    EXPECT_EQ(locked_pages(), locked0) << "leave unlocks before it returns";
+    owner.on_release(dev.data() + 700, 300);
     owner.leave(dev.data());
     EXPECT_EQ(owner.stats().memory[kDevice].held, 0u);
   }
   EXPECT_EQ(cuda.frees, 1) << "the scratch buffer is freed with the backend";
   f.arm(-1, 0, 2);
-  EXPECT_FALSE(CudaBackend::create(cuda.api(), &f).is_ok());
+  EXPECT_FALSE(CudaBackend::create(cuda.api(), std::make_unique<CpuBackend>(), &f).is_ok());
 }
 
 }  // namespace
