@@ -21,10 +21,31 @@ constexpr int kWarp = 32;
 // first lets the next one launch, then waits until the previous one has completed and its writes
 // are visible: no kernel reads or writes anything before that wait, so the order of the work
 // is the stream's order, as without the attribute. (Before sm_90: plain launches.)
-__device__ __forceinline__ void pdl_enter() {
+__device__ __forceinline__ void pdl_launch_next() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();
+#endif
+}
+__device__ __forceinline__ void pdl_enter() {
+  pdl_launch_next();
+  pdl_wait();
+}
+
+// Asks L2 for [p, p + bytes) (the bulk prefetch of sm_90; p 16-byte aligned, bytes a multiple of
+// 16): no registers, no wait, nothing returned. The expert kernels call it between pdl_enter's two
+// halves, for the shared expert's rows, which do not depend on the routing: the kernel before (the
+// top-k) may still run. Weights are never written by a step, so reading them before the wait
+// changes no result. Measured side by side (tools/device/ab_bench.sh, H200, 2026-12-04): tiny-next
+// batch-1 decode +4%, the 80B-A3B shape unchanged; prefetching every matmul's rows too made the
+// 80B shape's batch 1 4% slower (its matrices are larger than L2), so matmul does not.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
 }
 
@@ -277,12 +298,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
                           const W* __restrict__ sg, const W* __restrict__ su, int64_t I, int64_t H,
                           const int32_t* __restrict__ experts, int64_t k,
                           const float* __restrict__ x, float* __restrict__ h) {
-  pdl_enter();
+  pdl_launch_next();
   const int64_t i0 =
       (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * kGroupRows;
-  if (i0 >= I) return;
   const int64_t kk = sg ? k + 1 : k, slot = blockIdx.y, t = slot / kk, j = slot % kk;
   const bool sh = sg && j == k;
+  // The shared expert's rows are known before the routing is (the first token's slot only).
+  if (sh && t == 0 && i0 < I && threadIdx.x % kWarp == 0) {
+    const uint32_t bytes = (I - i0 < kGroupRows ? I - i0 : kGroupRows) * H * sizeof(W);
+    prefetch_l2(sg + i0 * H, bytes);
+    prefetch_l2(su + i0 * H, bytes);
+  }
+  pdl_wait();
+  if (i0 >= I) return;
   const int64_t e = experts && !sh ? experts[t * k + j] : 0;
   const int nr = static_cast<int>(I - i0 < kGroupRows ? I - i0 : kGroupRows);
   const W* gr = (sh ? sg : wg) + (e * I + i0) * H;
@@ -309,12 +337,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
     expert_down_kernel(const W* __restrict__ wd, const W* __restrict__ sd, int64_t H, int64_t I,
                        const int32_t* __restrict__ experts, int64_t k, const float* __restrict__ h,
                        float* __restrict__ o) {
-  pdl_enter();
+  pdl_launch_next();
   const int64_t d0 =
       (static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp) * kMatRows;
-  if (d0 >= H) return;
   const int64_t kk = sd ? k + 1 : k, slot = blockIdx.y, t = slot / kk, j = slot % kk;
   const bool sh = sd && j == k;
+  if (sh && t == 0 && d0 < H && threadIdx.x % kWarp == 0)  // as in expert_gate_up_kernel
+    prefetch_l2(sd + d0 * I, (H - d0 < kMatRows ? H - d0 : kMatRows) * I * sizeof(W));
+  pdl_wait();
+  if (d0 >= H) return;
   const int64_t e = experts && !sh ? experts[t * k + j] : 0;
   const int nr = static_cast<int>(H - d0 < kMatRows ? H - d0 : kMatRows);
   float acc[kMatRows][1];
