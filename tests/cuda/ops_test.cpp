@@ -418,21 +418,26 @@ TEST_F(CudaOps, IndexedExpertsMatchReferenceAndAreBatchInvariant) {
   EXPECT_EQ(std::memcmp(y1.data(), y.data() + 3 * H, H * sizeof(float)), 0);
 }
 
-// Ties and 512 experts: the lower index wins a tie; experts as a stable sort would pick them.
+// Ties and many experts: the lower index wins a tie; experts as a stable sort would pick them.
+// 700 experts: a thread of the kernel holds two logits (ties among the first 512 and past them).
 TEST_F(CudaOps, RouteTopkTiesAndManyExperts) {
-  const int64_t n = 3, E = 512, k = 10;
-  auto logits = randn(n * E, 50);
-  for (int64_t e = 100; e < 140; ++e) logits[E + e] = 7.0f;  // token 1: 40 tied maxima
-  Dev<float> dl(logits), dw(n * k);
-  Dev<int32_t> de(n * k);
-  cuda::route_topk(dl.p, n, E, E, k, true, de.p, dw.p, nullptr);
-  const auto ex = de.host();
-  for (int64_t t = 0; t < n; ++t) {
-    std::vector<int> idx(E);
-    for (int e = 0; e < E; ++e) idx[e] = e;
-    const float* l = &logits[t * E];
-    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return l[a] > l[b]; });
-    for (int s = 0; s < k; ++s) EXPECT_EQ(ex[t * k + s], idx[s]) << t << " " << s;
+  for (const int64_t E : {512, 700}) {
+    const int64_t n = 5, k = 10;
+    auto logits = randn(n * E, 50);
+    for (int64_t e = 100; e < 140; ++e) logits[E + e] = 7.0f;          // token 1: 40 tied maxima
+    for (int64_t e = E - 30; e < E; e += 3) logits[3 * E + e] = 9.0f;  // token 3: ties at the end
+    logits[3 * E + 40] = 9.0f;
+    Dev<float> dl(logits), dw(n * k);
+    Dev<int32_t> de(n * k);
+    cuda::route_topk(dl.p, n, E, E, k, true, de.p, dw.p, nullptr);
+    const auto ex = de.host();
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<int> idx(E);
+      for (int e = 0; e < E; ++e) idx[e] = e;
+      const float* l = &logits[t * E];
+      std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return l[a] > l[b]; });
+      for (int s = 0; s < k; ++s) EXPECT_EQ(ex[t * k + s], idx[s]) << E << " " << t << " " << s;
+    }
   }
 }
 
