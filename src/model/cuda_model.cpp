@@ -1228,7 +1228,7 @@ void CudaModel::mlp(const DevLayer& L, int64_t N, float* x, const float* xn, flo
     const int64_t n = std::min(N - t0, chunk);
     float* h = scratch(kFfnH, n * k * X.I);
     float* o = scratch(kExpertOut, n * k * H);
-    if (n == 1) {
+    if (n <= kSlotTokens) {  // the shared expert's shape differs, so it ran on its own above
       cuda::expert_gate_up(X.gate.dtype, X.gate.bytes.data(), X.up.bytes.data(), X.I, H,
                            ex + t0 * k, k, xn + t0 * H, n, h, s);
       cuda::expert_down(X.down.dtype, X.down.bytes.data(), H, X.I, ex + t0 * k, k, h, n, o, s);
