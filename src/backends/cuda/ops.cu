@@ -166,6 +166,8 @@ struct Raw8<float> {
 // one-token products (fewer registers, more warps per SM) and kTokTile otherwise.
 constexpr int kWarpsPerBlock = 8;
 constexpr int kTokTile = 8;
+// bf16 products of 2 .. kTokBlocks tokens: one-token blocks side by side (matmul, kTokX).
+constexpr int64_t kTokBlocks = 8;
 constexpr int kMatRows = 4;
 // The calling warp's dots of nr weight rows wrow(q) [cols] with the nt token rows xrow(u) [cols]
 // (matmul_kernel's arithmetic), into acc[q][u] (lane sums, before the xor tree). wrow, xrow:
@@ -248,14 +250,17 @@ __device__ __forceinline__ void warp_rows(WRow wrow, int nr, int64_t cols, XRow 
   }
 }
 
-template <class W, int kT, int kC>
+// kTokX: the grid is (token tile, row group) instead of (row group, token tile), so the blocks
+// of one row group for every token tile run side by side and the later ones find its weights in
+// L2 (one-token tiles of a few tokens; the token dimension is then at most 8).
+template <class W, int kT, int kC, bool kTokX = false>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
     matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t cols, const float* __restrict__ x,
                   int64_t n, float* __restrict__ y) {
   pdl_enter();
-  const int64_t r0 =
-      (static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp) * kMatRows;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kT;
+  const int64_t group = kTokX ? blockIdx.y : blockIdx.x, tile = kTokX ? blockIdx.x : blockIdx.y;
+  const int64_t r0 = (group * (blockDim.x / kWarp) + threadIdx.x / kWarp) * kMatRows;
+  const int64_t t0 = tile * kT;
   if (r0 >= rows) return;
   const int nt = static_cast<int>(n - t0 < kT ? n - t0 : kT);
   const int nr = static_cast<int>(rows - r0 < kMatRows ? rows - r0 : kMatRows);
@@ -1478,9 +1483,11 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
   TF_CUDA_REQUIRE(n <= 65535 * int64_t{kTokTile}, "matmul: too many rows in one launch");
   if (n == 0 || rows == 0) return;
   // One token of bf16 weights: 4 chunks of 4 rows per warp in flight; tiles of tokens and f32
-  // weights: 2 (registers). bf16 steps of 2-4 tokens (verify steps, small batches) take tiles of
-  // 4: half the accumulators of a tile of 8 (H200, 2026-12-04: tiny-next batch 4 +7%, a verify
-  // of 4 tokens 5% cheaper on both models). None of it changes a row's arithmetic.
+  // weights: 2 (registers). bf16 steps of 2-8 tokens (verify steps, small batches) run the
+  // one-token blocks side by side instead of tiles of 8 tokens per warp, which took 2-2.5x the
+  // time of one token on small matrices (H200, 2026-12-04, tools/device/ab_bench.sh: tiny-next
+  // batch 8 +54%, the 80B-A3B shape's batch 8 +12%, verify steps of 2-5 tokens 6-22% cheaper;
+  // batch 1, 32 and prefill unchanged). None of it changes a row's arithmetic.
   const bool one = n == 1;
   // Warps per block: 8, or fewer when that leaves under ~2 blocks per SM of an H200 (132 SMs)
   // for a one-tile product.
@@ -1488,7 +1495,8 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
   const int64_t wpb =
       n > kTokTile ? kWarpsPerBlock : std::clamp<int64_t>(warps_needed / 264, 1, kWarpsPerBlock);
   const int64_t per_block = wpb * kMatRows;
-  const dim3 grid(static_cast<unsigned>((rows + per_block - 1) / per_block),
+  const int64_t groups = (rows + per_block - 1) / per_block;
+  const dim3 grid(static_cast<unsigned>(groups),
                   static_cast<unsigned>((n + kTokTile - 1) / kTokTile));
   const unsigned threads = static_cast<unsigned>(wpb * kWarp);
   switch (wtype) {
@@ -1497,8 +1505,9 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
       const auto* wb = static_cast<const B*>(w);
       if (one)
         launch(matmul_kernel<B, 1, 4>, grid, threads, 0, stream, wb, rows, cols, x, n, y);
-      else if (n <= 4)
-        launch(matmul_kernel<B, 4, 2>, grid, threads, 0, stream, wb, rows, cols, x, n, y);
+      else if (n <= kTokBlocks && groups <= 65535)
+        launch(matmul_kernel<B, 1, 4, true>, dim3(static_cast<unsigned>(n), grid.x), threads, 0,
+               stream, wb, rows, cols, x, n, y);
       else
         launch(matmul_kernel<B, kTokTile, 2>, grid, threads, 0, stream, wb, rows, cols, x, n, y);
       break;
