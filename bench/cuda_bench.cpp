@@ -11,7 +11,9 @@
 // then the same decode through the runtime Engine, as the server runs it, Model::use_cuda)
 // --draft K (the costs of drafting 1..4 tokens at batch 1, dummy weights with an MTP head
 // included; with --model also drafting against plain decoding through the engine on the prompts
-// of --draft-prompts, default bench/draft_prompts.json, at --draft-streams 1,4; --draft-fixed).
+// of --draft-prompts, default bench/draft_prompts.json, at --draft-streams 1,4; --draft-fixed;
+// --profile: one plain step, one verify step of K + 1 tokens and one draft(K) between
+// cudaProfilerStart and Stop, for `ncu --profile-from-start off`).
 // Bytes per decode step: every non-expert weight of the layers once, the lm_head once, one
 // embedding row per row, and per MoE layer the distinct routed experts of the step (k at batch 1;
 // at batch B the expected number under uniform routing, E (1 - (1 - k/E)^B)); plus per sequence
@@ -33,10 +35,12 @@
 #include <string>
 #include <vector>
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "backends/cuda/check.h"
 #include "backends/cuda/ops.h"
 #include "io/config.h"
 #include "model/cuda_model.h"
@@ -335,7 +339,7 @@ double engine_decode(const Model& model, int B, int prompt, int steps, std::mt19
 // the mean of `iters` after a warm-up; then the speedup those costs give at draft acceptance a
 // (each draft accepted with probability a while the previous ones were: E[tokens per step] =
 // (1 - a^(k+1)) / (1 - a)) and the acceptance where drafting breaks even.
-void draft_cost_table(CudaModel& m, int prompt, int iters, std::mt19937& rng) {
+void draft_cost_table(CudaModel& m, int prompt, int iters, int profile_k, std::mt19937& rng) {
   const ModelConfig& c = m.config();
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size) - 1);
   SequenceState st;
@@ -353,12 +357,13 @@ void draft_cost_table(CudaModel& m, int prompt, int iters, std::mt19937& rng) {
     for (int i = 0; i < iters; ++i) f();
     return (now_s() - t0) / iters;
   };
-  const double plain = time([&] {
+  const auto plain_step = [&] {
     const int32_t t = tok(rng);
     const CudaStepInput in{cs, {&t, 1}};
     logits.clear();
     m.forward({&in, 1}, &logits);
-  });
+  };
+  const double plain = time(plain_step);
   std::printf(
       "\n| drafting costs, batch 1 (ms) | k | draft(k) | verify k+1, keep 1 | (draft + verify) "
       "/ plain | speedup at a = 0.5 / 0.8 / 0.9 | break-even a |\n"
@@ -366,18 +371,31 @@ void draft_cost_table(CudaModel& m, int prompt, int iters, std::mt19937& rng) {
       plain * 1e3);
   for (int k = 1; k <= 4; ++k) {
     std::vector<int32_t> feed(k + 1);
-    const double verify = time([&] {
+    const auto verify_step = [&] {
       for (auto& t : feed) t = tok(rng);
       const CudaStepInput in{cs, feed, false, true};
       logits.clear();
       m.forward({&in, 1}, &logits);
       cs->rollback(cs->n_past - k);
-    });
+    };
+    const double verify = time(verify_step);
     Draft d;
-    const double draft = time([&] {
+    const auto draft_step = [&] {
       const DraftInput in{&st, tok(rng), k};
       m.draft({&in, 1}, {&d, 1});
-    });
+    };
+    const double draft = time(draft_step);
+    if (k == profile_k) {
+      // For a profiler that starts collecting at cudaProfilerStart (ncu --profile-from-start
+      // off): one plain step, one verify step of k + 1 tokens and one draft(k), graphs made.
+      TF_CUDA_CHECK(cudaDeviceSynchronize());
+      TF_CUDA_CHECK(cudaProfilerStart());
+      plain_step();
+      verify_step();
+      draft_step();
+      TF_CUDA_CHECK(cudaDeviceSynchronize());
+      TF_CUDA_CHECK(cudaProfilerStop());
+    }
     const double ratio = (draft + verify) / plain;
     auto speedup = [&](double a) { return (1 - std::pow(a, k + 1)) / (1 - a) / ratio; };
     double lo = 0, hi = 1;  // E[tokens](a) = ratio, by bisection (E grows with a)
@@ -444,7 +462,7 @@ int run(int argc, char** argv) {
   int steps = 64, prompt = 32, prefill = 512;
   bool graphs = true, kernels = false, engine = false;
   int draft = 0;  // --draft K: plain against drafted decoding through the engine
-  bool draft_fixed = false;
+  bool draft_fixed = false, profile = false;
   std::string draft_prompts = "bench/draft_prompts.json";
   std::vector<int> draft_streams = {1, 4};
   for (int i = 1; i < argc; ++i) {
@@ -480,6 +498,8 @@ int run(int argc, char** argv) {
       draft = std::atoi(next().c_str());
     else if (a == "--draft-fixed")
       draft_fixed = true;
+    else if (a == "--profile")
+      profile = true;
     else if (a == "--draft-prompts")
       draft_prompts = next();
     else if (a == "--draft-streams")
@@ -489,7 +509,7 @@ int run(int argc, char** argv) {
                    "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
                    "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
                    "[--kernels] [--engine] [--draft K [--draft-fixed] [--draft-prompts JSON] "
-                   "[--draft-streams 1,4]]\n");
+                   "[--draft-streams 1,4] [--profile]]\n");
       return 2;
     }
   }
@@ -617,7 +637,7 @@ int run(int argc, char** argv) {
                 graphs ? "" : " (no graphs)", B, B / dt, dt * 1e3, bytes / 1e9, gbs,
                 100.0 * gbs / bw);
   }
-  if (draft > 0 && m->has_mtp()) draft_cost_table(*m, prompt, 100, rng);
+  if (draft > 0 && m->has_mtp()) draft_cost_table(*m, prompt, 100, profile ? draft : 0, rng);
   if (engine && host) {
     if (Status st = host->use_cuda(); !st.is_ok()) {
       std::fprintf(stderr, "cuda_bench: %s\n", st.to_string().c_str());
