@@ -47,6 +47,7 @@ struct Options {
   int draft = 0;
   bool draft_fixed = false;
   float draft_p_min = 0.0f;
+  int draft_max_streams = 1;
   std::vector<int> draft_streams = {1, 4};
   int draft_gen = 160;
   bool draft_only = false;        // skip 1 and 2
@@ -240,6 +241,7 @@ bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
       dc.draft_max = o.draft;
       dc.adaptive = !o.draft_fixed;
       dc.p_min = o.draft_p_min;
+      dc.max_streams = o.draft_max_streams;
       dc.max_tokens = o.draft_gen;
       dc.reps = o.reps;
       dc.threads = o.threads;
@@ -365,6 +367,10 @@ void add_bench_engine(CLI::App& app) {
   cmd->add_option("--draft-p-min", o->draft_p_min, "Drafting confidence gate")
       ->capture_default_str()
       ->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--draft-max-streams", o->draft_max_streams,
+                  "Draft only in steps where at most this many requests decode (0 = any)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--draft-streams", o->draft_streams, "Stream counts for the drafting comparison")
       ->capture_default_str()
       ->delimiter(',')

@@ -53,6 +53,11 @@ void add_serve(CLI::App& app) {
   cmd->add_flag_callback(
       "--draft-fixed", [o] { o->draft_adaptive = false; },
       "Always draft --draft-max tokens (default: adapt the depth per request to measured speed)");
+  cmd->add_option("--draft-max-streams", o->draft_max_streams,
+                  "Draft only in steps where at most this many requests decode (0 = any number; "
+                  "a batch already gains what drafting would)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   auto no_draft = std::make_shared<bool>(false);
   cmd->add_flag_callback(
       "--no-draft", [no_draft] { *no_draft = true; },

@@ -37,6 +37,7 @@ Run run_once(const Model& model, const std::vector<std::vector<int32_t>>& prompt
   eo.draft_max = draft_max;
   eo.draft_adaptive = o.adaptive;
   eo.draft_p_min = o.p_min;
+  eo.draft_max_streams = o.max_streams;
   Run res;
   std::vector<std::unique_ptr<Reply>> replies;
   const auto t0 = Clock::now();

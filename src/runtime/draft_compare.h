@@ -19,6 +19,7 @@ struct DraftCompareOptions {
   int draft_max = 3;     // K
   bool adaptive = true;  // DraftPolicy picks k per step (else always K)
   float p_min = 0.0f;    // confidence gate
+  int max_streams = 1;   // EngineOptions::draft_max_streams
   int max_tokens = 160;  // reply cap
   int reps = 3;          // best of
   int threads = 0;       // engine worker threads (0: all cores)

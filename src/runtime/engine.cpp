@@ -238,8 +238,11 @@ void Engine::step() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (mtp_) {
+      int decoding = 0;  // requests past their prompt
+      for (auto& [id, a] : active_) decoding += !a->internal && a->last >= 0;
+      const bool gated = o_.draft_max_streams > 0 && decoding > o_.draft_max_streams;
       for (auto& [id, a] : active_) {
-        if (a->policy && a->last >= 0) sched_.set_draft(id, want_drafts(*a));
+        if (a->policy && a->last >= 0) sched_.set_draft(id, gated ? 0 : want_drafts(*a));
       }
     }
     plan = sched_.plan();

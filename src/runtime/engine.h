@@ -89,6 +89,11 @@ struct EngineOptions {
   int draft_max = 0;
   float draft_p_min = 0.0f;    // stop before a draft whose head probability is below this
   bool draft_adaptive = true;  // pick k in 0..draft_max per request and step (DraftPolicy)
+  // Draft only in steps where at most this many requests decode (0: any number). A batch already
+  // amortises the weight reads that drafting amortises; measured on the H200 and the CPU,
+  // drafting pays for one decoding request and costs from 4 (docs/PERFORMANCE.md). As vLLM's
+  // speculative_disable_by_batch_size.
+  int draft_max_streams = 1;
   // For tests: called on the engine thread after each decode row's commit, with the request's id
   // and its state (verify window closed), while the request goes on; empty: none.
   std::function<void(uint64_t, const SequenceState&)> on_decode_state;

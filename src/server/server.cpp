@@ -179,6 +179,7 @@ class Service {
     eo.draft_max = o_.draft_max;
     eo.draft_p_min = o_.draft_p_min;
     eo.draft_adaptive = o_.draft_adaptive;
+    eo.draft_max_streams = o_.draft_max_streams;
     if (o_.draft_max > 0 && !model_->has_mtp()) {
       spdlog::warn("drafting: off (the model has no MTP head, --draft-max {} ignored)",
                    o_.draft_max);

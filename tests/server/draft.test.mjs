@@ -1,8 +1,9 @@
-// MTP drafting through the API: a server drafting (--draft-max 3, fixed depth) gives the same
-// greedy answers as the same server asked with "draft": false and as a server with drafting off,
-// on chat and completions, streamed or not, alone and concurrently, multi-turn (resumed from kept
-// states); seeded sampling gives the same reply with and without drafts; /metrics counts drafts and
-// accepted drafts (copy prompts: most are accepted), and nothing with drafting off.
+// MTP drafting through the API: a server drafting (--draft-max 3, fixed depth, and beside other
+// requests too: --draft-max-streams 0) gives the same greedy answers as the same server asked with
+// "draft": false and as a server with drafting off, on chat and completions, streamed or not, alone
+// and concurrently, multi-turn (resumed from kept states); seeded sampling gives the same reply
+// with and without drafts; /metrics counts drafts and accepted drafts (copy prompts: most are
+// accepted), and nothing with drafting off.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
@@ -19,7 +20,7 @@ const COPY = [
 
 before(async () => {
   [on, off] = await Promise.all([
-    startServer(['--parallel', '4', '--draft-max', '3', '--draft-fixed']),
+    startServer(['--parallel', '4', '--draft-max', '3', '--draft-fixed', '--draft-max-streams', '0']),
     startServer(['--parallel', '4', '--draft-max', '3', '--no-draft']),
   ]);
   con = new OpenAI({ baseURL: `${on.url}/v1`, apiKey: 'unused', maxRetries: 0 });

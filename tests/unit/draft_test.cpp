@@ -282,6 +282,7 @@ TEST_P(DraftEngineTest, RandomMixesEqualPlainAlone) {
     o.scheduler.batch_tokens = std::vector<int>{3, 16, 64, 512}[rng() % 4];
     o.threads = 1 + static_cast<int>(rng() % 2);
     o.draft_max = std::uniform_int_distribution<int>(1, 4)(rng);
+    o.draft_max_streams = 0;  // draft while other requests decode too
     o.draft_adaptive = rng() % 2;
     EngineStats st;
     const std::vector<Out> got = run(reqs, o, &st, &rng);
@@ -300,6 +301,32 @@ TEST_P(DraftEngineTest, RandomMixesEqualPlainAlone) {
   if (tiny()) {
     EXPECT_GT(accepted, 0u);
   }
+}
+
+// The batch gate (EngineOptions::draft_max_streams): three requests decoding together draft
+// nothing while the gate allows one decoding request (it may let a few steps draft before the
+// others are admitted), far fewer than the same run ungated; the tokens are the same either way.
+// Checked to fail with the gate ignored in Engine::step (both runs draft alike).
+TEST_P(DraftEngineTest, DraftsOnlyWhileFewRequestsDecode) {
+  std::mt19937 rng(8);
+  std::vector<GenerationRequest> reqs(3);
+  for (auto& r : reqs) {
+    r.prompt = prompt(rng, 20);
+    r.max_tokens = 24;
+  }
+  EngineOptions o;
+  o.scheduler.max_running = 3;
+  o.scheduler.batch_tokens = 4096;
+  o.draft_max = 2;
+  o.draft_adaptive = false;
+  o.state_cache_bytes = 0;
+  EngineStats gated, open;
+  const std::vector<Out> a = run(reqs, o, &gated);
+  o.draft_max_streams = 0;
+  const std::vector<Out> b = run(reqs, o, &open);
+  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_TRUE(same_out(a[i], b[i])) << i;
+  EXPECT_GT(open.drafted_tokens, 20u);
+  EXPECT_LT(gated.drafted_tokens * 4, open.drafted_tokens);
 }
 
 // Multi-turn chats on a drafting engine: every turn after the first resumes from the state kept
@@ -451,6 +478,7 @@ TEST_P(DraftEngineTest, SamplingDistributionMatchesPlain) {
     o.scheduler.max_queue = N;
     o.scheduler.batch_tokens = 4096;
     o.draft_max = 3;
+    o.draft_max_streams = 0;  // draft while other requests decode too
     o.draft_adaptive = false;
     o.state_cache_bytes = 0;
     std::map<std::vector<int32_t>, int> counts;
