@@ -885,18 +885,19 @@ __global__ void delta_rule_seqs_kernel(const float* __restrict__ q, const float*
 // Attention of query (t, head) over keys 0 .. L-1 (L = pos[t] + 1) in kAttnSplits contiguous
 // chunks of ceil(L / kAttnSplits) keys (the split depends on L only, so a row's bits are the same
 // in any batch). A chunk (attend_chunk) runs in tiles of kAttnTile keys with a running max (online
-// softmax): scores by warps (warp w takes tile keys w + 4 i, four keys at once; lane l sums dims
-// l + 32 c in ascending c, then the xor tree), the tile's max and sum by block trees, then warp w
-// accumulates the same keys' values (lane l: dims l + 32 c; four keys' rows in flight) into its
-// own partial, rescaled per tile; at the chunk's end the four warps' partials are summed in warp
-// order. (Thread u accumulating dims u + 128 i over every key of the tile in turn had a few loads
-// in flight: 122 us per layer at context 4096 on the 80B-A3B shape.) The chunks' partials (max m_s,
-// sum l_s, unnormalised acc_s [D]) are joined in chunk order (attend_join): out = sum_s e^(m_s - M)
-// acc_s / sum_s e^(m_s - M) l_s (M = max_s m_s; empty chunks add 0). Decode-sized steps give each
-// chunk a block of a cluster (the partials meet through distributed shared memory); prompts give
-// a (t, head) one block that runs the chunks in turn: the same arithmetic, the same bits.
+// softmax): scores by warps (warp w of W takes tile keys w + W i, four keys at once; lane l sums
+// dims l + 32 c in ascending c, then the xor tree), the tile's max and sum by block trees, then
+// warp w accumulates the same keys' values (lane l: dims l + 32 c; four keys' rows in flight) into
+// its own partial, rescaled per tile; at the chunk's end the warps' partials are summed in warp
+// order. (A block of 128 threads, thread u accumulating dims u + 128 i over every key of a tile in
+// turn, had a few loads in flight: 122 us per layer at context 4096 on the 80B-A3B shape.) The
+// chunks' partials (max m_s, sum l_s, unnormalised acc_s [D]) are joined in chunk order
+// (attend_join): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s (M = max_s m_s; empty
+// chunks add 0). Decode-sized steps give each chunk a block of a cluster (the partials meet
+// through distributed shared memory); prompts give a (t, head) one block that runs the chunks in
+// turn: the same arithmetic, the same bits.
 constexpr int kAttnSplits = 8;
-constexpr int kAttnTile = 128, kAttnThreads = 128, kAttnMaxD = 512;
+constexpr int kAttnTile = 256, kAttnThreads = 256, kAttnMaxD = 512;
 constexpr int kAttnDims = kAttnMaxD / kAttnThreads;  // dims per thread
 // Steps of more rows than this take the one-block-per-(t, head) kernel.
 constexpr int64_t kAttnClusterRows = 64;
