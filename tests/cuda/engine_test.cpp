@@ -30,30 +30,9 @@
 namespace tf {
 namespace {
 
-using testing::Collector;
+using testing::Reply;
+using testing::run_all;
 using testing::same_bits;
-
-struct Reply {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-  int64_t n_cached = 0;
-};
-
-// Runs the requests at once on `engine`; their replies in order.
-std::vector<Reply> run_all(Engine& engine, const std::vector<GenerationRequest>& reqs) {
-  std::vector<Collector> cs(reqs.size());
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    GenerationRequest r = reqs[i];
-    r.on_event = cs[i].callback();
-    EXPECT_TRUE(engine.submit(std::move(r)).is_ok());
-  }
-  std::vector<Reply> out;
-  for (Collector& c : cs) {
-    c.wait();
-    out.push_back(Reply{c.tokens, c.logits, c.n_cached});
-  }
-  return out;
-}
 
 class EngineOnDevice : public testing::TinyNextOnDevice {
  protected:

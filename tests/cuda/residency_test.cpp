@@ -29,31 +29,12 @@ namespace tf {
 namespace {
 
 namespace rs = residency;
-using testing::Collector;
+using testing::Reply;
+using testing::run_all;
 using testing::same_bits;
 
 constexpr int kHost = static_cast<int>(rs::Memory::kHost);
 constexpr int kDevice = static_cast<int>(rs::Memory::kDevice);
-
-struct Reply {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-};
-
-std::vector<Reply> run_all(Engine& engine, const std::vector<GenerationRequest>& reqs) {
-  std::vector<Collector> cs(reqs.size());
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    GenerationRequest r = reqs[i];
-    r.on_event = cs[i].callback();
-    EXPECT_TRUE(engine.submit(std::move(r)).is_ok());
-  }
-  std::vector<Reply> out;
-  for (Collector& c : cs) {
-    c.wait();
-    out.push_back(Reply{c.tokens, c.logits});
-  }
-  return out;
-}
 
 class ResidencyOnDevice : public testing::TinyNextOnDevice {
  protected:

@@ -51,6 +51,29 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
+// One request's reply as a Collector saw it.
+struct Reply {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+  int64_t n_cached = -1;
+};
+
+// Submits the requests at once on `engine` and waits for each; their replies in order.
+inline std::vector<Reply> run_all(Engine& engine, const std::vector<GenerationRequest>& reqs) {
+  std::vector<Collector> cs(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    GenerationRequest r = reqs[i];
+    r.on_event = cs[i].callback();
+    EXPECT_TRUE(engine.submit(std::move(r)).is_ok());
+  }
+  std::vector<Reply> out;
+  for (Collector& c : cs) {
+    c.wait();
+    out.push_back(Reply{c.tokens, c.logits, c.n_cached});
+  }
+  return out;
+}
+
 // Waits until the engine has nothing queued or running (internal keep jobs included).
 inline void wait_idle(const Engine& e) {
   for (int i = 0; i < 60000; ++i) {
