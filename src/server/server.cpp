@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include <fmt/format.h>
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
@@ -184,8 +185,11 @@ class Service {
       spdlog::warn("drafting: off (the model has no MTP head, --draft-max {} ignored)",
                    o_.draft_max);
     } else if (o_.draft_max > 0) {
-      spdlog::info("drafting: up to {} MTP drafts per step ({}, p_min {})", o_.draft_max,
-                   o_.draft_adaptive ? "adaptive" : "fixed", o_.draft_p_min);
+      spdlog::info("drafting: up to {} MTP drafts per step ({}, p_min {}), {}", o_.draft_max,
+                   o_.draft_adaptive ? "adaptive" : "fixed", o_.draft_p_min,
+                   o_.draft_max_streams > 0
+                       ? fmt::format("while at most {} requests decode", o_.draft_max_streams)
+                       : std::string("in any batch"));
     }
     if (o_.residency) {
       residency_ = ServerResidency::hold(*model_, o_.residency_budget, o_.residency_device_budget,

@@ -37,4 +37,5 @@ expect_error "has no MTP head" "$bin" bench --model "$golden/a_bf16_per_expert" 
 # Residency budgets are checked while parsing, before the model loads.
 expect_error "residency limit must be more than 0" "$bin" serve --residency-limit 0
 expect_error "residency device limit must be more than 0" "$bin" serve --residency-device-limit 0
+expect_error "draft-max-streams" "$bin" serve --draft-max-streams -1
 exit $fail
