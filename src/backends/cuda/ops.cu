@@ -162,8 +162,9 @@ struct Raw8<float> {
 // warp's rows, kC chunks of 256 columns of every row loaded before their FMAs). Per (row, token)
 // the sum is the same (lane l: k = 8 l + 256 j + i in order of j then i, then the xor tree),
 // whatever the tile, the rows per warp or the chunks in flight: every product of the backend
-// (matmul, the experts) sums a row that way. kT: tokens per tile, 1 for
-// one-token products (fewer registers, more warps per SM) and kTokTile otherwise.
+// (matmul, the experts) sums a row that way. kT: tokens per tile, 1 for one-token products and
+// bf16 products of up to kTokBlocks tokens (a block per token; fewer registers, more warps per
+// SM), kTokTile otherwise.
 constexpr int kWarpsPerBlock = 8;
 constexpr int kTokTile = 8;
 // bf16 products of 2 .. kTokBlocks tokens: one-token blocks side by side (matmul, kTokX).
