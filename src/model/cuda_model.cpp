@@ -64,13 +64,6 @@ void DeviceHeap::for_each(
   for (const auto& [p, b] : live_) f(p, b.bytes, b.kind);
 }
 
-size_t DeviceHeap::live_bytes(BufferKind kind) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  size_t n = 0;
-  for (const auto& [p, b] : live_) n += b.kind == kind ? b.bytes : 0;
-  return n;
-}
-
 DeviceHeap& device_heap() {
   static DeviceHeap* heap = new DeviceHeap();  // never destroyed: arrays may outlive statics
   return *heap;

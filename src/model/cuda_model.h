@@ -47,7 +47,6 @@ class DeviceHeap {
   void set_observer(BufferObserver* o);
   // Every live allocation, in address order.
   void for_each(const std::function<void(const void* p, size_t bytes, BufferKind kind)>& f) const;
-  size_t live_bytes(BufferKind kind) const;
 
  private:
   struct Block {

@@ -97,11 +97,7 @@ TEST_F(EngineOnDevice, GreedyRepliesMatchCpuEngine) {
 TEST_F(EngineOnDevice, ResumedAndBatchedEqualAlone) {
   std::mt19937 rng(5);
   auto random_tokens = [&](int n) {
-    std::uniform_int_distribution<int32_t> d(0,
-                                             static_cast<int32_t>(cpu_->config().vocab_size) - 1);
-    std::vector<int32_t> t(n);
-    for (auto& x : t) x = d(rng);
-    return t;
+    return testing::random_tokens(rng, cpu_->config().vocab_size, n);
   };
   EngineOptions o;
   o.scheduler.max_running = 4;

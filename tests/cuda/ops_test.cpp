@@ -236,6 +236,14 @@ TEST_F(CudaOps, AttentionPromptRowsEqualDecodeRows) {
   EXPECT_LT(rel_l2(dplain.host(), ref), 1e-5);
 }
 
+// Indices of l[0, n) by descending value, ties to the lower index (the routing's pick order).
+std::vector<int> descending_order(const float* l, int64_t n) {
+  std::vector<int> idx(n);
+  for (int e = 0; e < n; ++e) idx[e] = e;
+  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return l[a] > l[b]; });
+  return idx;
+}
+
 // Routing against a plain reference: the same experts, weights within 1e-6.
 TEST_F(CudaOps, RouteTopkAndEmbed) {
   const int64_t n = 9, E = 64, k = 10;
@@ -253,10 +261,8 @@ TEST_F(CudaOps, RouteTopkAndEmbed) {
   const auto ex = de.host();
   const auto wt = dw.host();
   for (int64_t t = 0; t < n; ++t) {
-    std::vector<int> idx(E);
-    for (int e = 0; e < E; ++e) idx[e] = e;
     const float* l = &logits[t * E];
-    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return l[a] > l[b]; });
+    const std::vector<int> idx = descending_order(l, E);
     double m = *std::max_element(l, l + E), sum = 0, wsum = 0;
     for (int e = 0; e < E; ++e) sum += std::exp(l[e] - m);
     for (int s = 0; s < k; ++s) wsum += std::exp(l[idx[s]] - m) / sum;
@@ -432,10 +438,7 @@ TEST_F(CudaOps, RouteTopkTiesAndManyExperts) {
     cuda::route_topk(dl.p, n, E, E, k, true, de.p, dw.p, nullptr);
     const auto ex = de.host();
     for (int64_t t = 0; t < n; ++t) {
-      std::vector<int> idx(E);
-      for (int e = 0; e < E; ++e) idx[e] = e;
-      const float* l = &logits[t * E];
-      std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return l[a] > l[b]; });
+      const std::vector<int> idx = descending_order(&logits[t * E], E);
       for (int s = 0; s < k; ++s) EXPECT_EQ(ex[t * k + s], idx[s]) << E << " " << t << " " << s;
     }
   }

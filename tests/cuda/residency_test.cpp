@@ -103,11 +103,7 @@ TEST_F(ResidencyOnDevice, StartupSetIsTheDeviceBuffers) {
 TEST_F(ResidencyOnDevice, FollowsEveryDeviceBufferAndTicksBesideTheEngine) {
   std::mt19937 rng(11);
   auto random_tokens = [&](int n) {
-    std::uniform_int_distribution<int32_t> d(0,
-                                             static_cast<int32_t>(gpu_->config().vocab_size) - 1);
-    std::vector<int32_t> t(n);
-    for (auto& x : t) x = d(rng);
-    return t;
+    return testing::random_tokens(rng, gpu_->config().vocab_size, n);
   };
   // Two chats of three turns beside a random request each turn; all logits go to the host
   // (the pinned staging grows), kept states are device copies.

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -49,6 +50,14 @@ struct Collector {
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// n token ids drawn uniformly from [0, vocab).
+inline std::vector<int32_t> random_tokens(std::mt19937& rng, int64_t vocab, int n) {
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab) - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(rng);
+  return t;
 }
 
 // One request's reply as a Collector saw it.
