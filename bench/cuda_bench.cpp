@@ -14,7 +14,7 @@
 // of --draft-prompts, default bench/draft_prompts.json, at --draft-streams 1,4; --draft-fixed;
 // --profile: one plain step, one verify step of K + 1 tokens and one draft(K) between
 // cudaProfilerStart and Stop, for `ncu --profile-from-start off`; --draft-max-streams N, default 1:
-// EngineOptions::draft_max_streams).
+// EngineOptions::draft_max_streams; --draft-reps N: the engine comparison's best of N, default 3).
 // Bytes per decode step: every non-expert weight of the layers once, the lm_head once, one
 // embedding row per row, and per MoE layer the distinct routed experts of the step (k at batch 1;
 // at batch B the expected number under uniform routing, E (1 - (1 - k/E)^B)); plus per sequence
@@ -413,8 +413,8 @@ void draft_cost_table(CudaModel& m, int prompt, int iters, int profile_k, std::m
 // MTP drafting against plain decoding through the engine on the device (as bench-engine --draft
 // on the CPU), on the chat prompts of bench/draft_prompts.json (token ids written by `tensorfold
 // bench-engine --draft 3 --draft-only --draft-prompts-out FILE`). 1 if the tokens differ.
-int draft_table(Model& model, int k, bool adaptive, int max_streams, const std::string& file,
-                const std::vector<int>& streams) {
+int draft_table(Model& model, int k, bool adaptive, int max_streams, int reps,
+                const std::string& file, const std::vector<int>& streams) {
   if (!model.on_device())
     if (Status st = model.use_cuda(); !st.is_ok()) {
       std::fprintf(stderr, "cuda_bench: %s\n", st.to_string().c_str());
@@ -429,9 +429,9 @@ int draft_table(Model& model, int k, bool adaptive, int max_streams, const std::
   const auto stops = j.at("stops").get<std::vector<int32_t>>();
   std::printf(
       "\ndrafting (engine, --device cuda), up to %d drafts (%s, while at most %d requests "
-      "decode; 0: any), greedy, replies up to 160 tokens, best of 3; 8 prompts per kind, N at a "
+      "decode; 0: any), greedy, replies up to 160 tokens, best of %d; 8 prompts per kind, N at a "
       "time:\n",
-      k, adaptive ? "adaptive" : "fixed", max_streams);
+      k, adaptive ? "adaptive" : "fixed", max_streams, reps);
   bool same = true;
   for (const auto& [kind, prompts] : j.at("prompts").items()) {
     for (int n : streams) {
@@ -440,6 +440,7 @@ int draft_table(Model& model, int k, bool adaptive, int max_streams, const std::
       o.draft_max = k;
       o.adaptive = adaptive;
       o.max_streams = max_streams;
+      o.reps = reps;
       o.threads = 1;
       const DraftComparison c =
           compare_drafting(model, prompts.get<std::vector<std::vector<int32_t>>>(), stops, o);
@@ -467,6 +468,7 @@ int run(int argc, char** argv) {
   int draft = 0;  // --draft K: plain against drafted decoding through the engine
   bool draft_fixed = false, profile = false;
   int draft_max_streams = 1;
+  int draft_reps = 3;
   std::string draft_prompts = "bench/draft_prompts.json";
   std::vector<int> draft_streams = {1, 4};
   for (int i = 1; i < argc; ++i) {
@@ -504,6 +506,8 @@ int run(int argc, char** argv) {
       draft_fixed = true;
     else if (a == "--draft-max-streams")
       draft_max_streams = std::atoi(next().c_str());
+    else if (a == "--draft-reps")
+      draft_reps = std::max(1, std::atoi(next().c_str()));
     else if (a == "--profile")
       profile = true;
     else if (a == "--draft-prompts")
@@ -515,7 +519,7 @@ int run(int argc, char** argv) {
                    "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
                    "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
                    "[--kernels] [--engine] [--draft K [--draft-fixed] [--draft-prompts JSON] "
-                   "[--draft-streams 1,4] [--draft-max-streams 1] [--profile]]\n");
+                   "[--draft-streams 1,4] [--draft-max-streams 1] [--draft-reps 3] [--profile]]\n");
       return 2;
     }
   }
@@ -656,7 +660,8 @@ int run(int argc, char** argv) {
                   engine_decode(*host, B, prompt, steps, rng));
   }
   if (draft > 0 && host)
-    return draft_table(*host, draft, !draft_fixed, draft_max_streams, draft_prompts, draft_streams);
+    return draft_table(*host, draft, !draft_fixed, draft_max_streams, draft_reps, draft_prompts,
+                       draft_streams);
   return 0;
 }
 

@@ -321,8 +321,6 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const Model& host, int devi
     m->mtp_->pre_fc_norm_hidden = upload(w.mtp->pre_fc_norm_hidden);
     m->mtp_->norm = upload(w.mtp->norm);
     TF_ASSIGN_OR_RETURN(m->mtp_->layer, layer(w.mtp->layer));
-    const std::vector<float> zeros(std::max(c.hidden_size, c.num_key_value_heads * c.head_dim));
-    m->mtp_dummy_ = upload(zeros);
   }
   m->finish_init();
   return m;
@@ -415,7 +413,6 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create_dummy(const ModelConfig& c,
     m->mtp_->pre_fc_norm_hidden = vec(H, 0.1f, 0.0f);
     m->mtp_->norm = vec(H, 0.1f, 0.0f);
     m->mtp_->layer = layer(true, true);
-    m->mtp_dummy_ = vec(std::max(H, c.num_key_value_heads * c.head_dim), 0.0f, 0.0f);
   }
   m->finish_init();
   return m;
@@ -460,16 +457,18 @@ std::unique_ptr<DeviceState> CudaSequenceState::clone() const {
     copy(b.conv, a.conv, a.conv.size());
     copy(b.S, a.S, a.S.size());
   }
-  if (has_mtp) {  // the head's n_past - 1 rows, and H[n_past - 1] as row 0 of region 0
+  if (has_mtp) {  // the head's R rows, and the held H rows from row 0
     c->has_mtp = true;
     c->hidden_size = hidden_size;
-    copy_cache(c->mtp, mtp, std::max<int64_t>(n_past - 1, 0));
-    if (last_hidden >= 0) {
-      c->hidden_cap = 1;
-      c->mtp_hidden = DeviceArray<float>(2 * hidden_size);
-      c->last_hidden = 0;
-      TF_CUDA_CHECK(cudaMemcpy(c->mtp_hidden.data(), mtp_hidden.data() + last_hidden * hidden_size,
-                               hidden_size * sizeof(float), cudaMemcpyDeviceToDevice));
+    c->mtp_rows = mtp_rows;
+    c->mtp_tokens = mtp_tokens;
+    copy_cache(c->mtp, mtp, mtp_rows);
+    const int64_t held = n_past - mtp_rows;
+    if (held > 0) {
+      c->hidden_cap = held;
+      c->mtp_hidden = DeviceArray<float>(held * hidden_size);
+      TF_CUDA_CHECK(cudaMemcpy(c->mtp_hidden.data(), mtp_hidden.data() + hidden_base * hidden_size,
+                               held * hidden_size * sizeof(float), cudaMemcpyDeviceToDevice));
     }
   }
   // Device-to-device cudaMemcpy may return before the copy is done, and the model's stream does
@@ -508,8 +507,12 @@ void CudaSequenceState::rollback(int64_t n) {
     TF_CUDA_CHECK(cudaMemcpyAsync(rollback_segs.data(), segs.data(), segs.size() * sizeof(uint64_t),
                                   cudaMemcpyHostToDevice, s));
     cuda::copy_segments(rollback_segs.data(), static_cast<int64_t>(segs.size() / 3), s);
-    // The head's cache rows of the rejected tokens lie beyond n - 1 and are overwritten later.
-    if (has_mtp) last_hidden = step_rows + n - 1 - verify_base;
+    // The rejected tokens' H rows lie beyond n - R and are overwritten later.
+    if (has_mtp) {
+      TF_CUDA_REQUIRE(mtp_rows <= n - 1,
+                      "rollback(): the MTP head's rows were synced in the window");
+      mtp_tokens.resize(n - 1 - mtp_rows);
+    }
     n_past = n;
   }
   verify_base = -1;
@@ -588,6 +591,12 @@ float* CudaModel::scratch(int slot, size_t count) {
 namespace {
 // Verify steps of up to this many tokens (16 drafts) replay CUDA graphs.
 constexpr size_t kMaxGraphVerify = 17;
+// mtp_sync()s of up to this many rows (what a few streams' verify steps leave) replay CUDA graphs.
+constexpr int64_t kMaxGraphSync = 32;
+// A step syncs a state's MTP head once this many rows are due. Higher than the CPU's kMtpSyncRows:
+// a request that never drafts (prose under the adaptive policy, a batch above the gate) should
+// not pay for the head's rows of its prompt; the held H rows cost H floats each meanwhile.
+constexpr size_t kDeviceSyncRows = 256;
 // MoE steps of up to this many tokens read each slot's expert (expert_gate_up / expert_down);
 // larger ones group the slots by expert (grouped_experts), reading each expert once per 8 slots.
 constexpr int64_t kSlotTokens = 8;
@@ -617,8 +626,6 @@ enum Slot : int {
   kRows,
   kLogits,
   kMtpU,     // the head's fc input [M, 2H]
-  kMtpE,     // its normed embedding rows [M, H]
-  kMtpHid,   // its normed hidden rows [M, H]
   kDraftH0,  // drafting: the head's output hidden states, two buffers taking turns [M, H]
   kDraftH1,
   kDraftProb,    // [steps, M] top probabilities
@@ -635,13 +642,10 @@ void matmul(const auto& W, const float* x, int64_t n, float* y, cudaStream_t s) 
 // [nseq + 1], pos int64 [N], then per attention layer k and v cache pointers [N] each, then per
 // Gated DeltaNet layer conv and S state pointers [nseq] each and the verify history pointers
 // conv_hist and S_hist [nseq] each (null outside verify steps), then per token the MTP head's
-// hidden-row destination hid [N] (null for states without the head), and the head's cache row of
-// each token: its position mtp_pos int64 [N] (the token's position - 1), cache pointers mtp_kc
-// and mtp_vc [N] and the source of its hidden input mtp_src [N] (all on mtp_dummy_ where the
-// token has no row). Offsets depend on (N, nseq, R) only.
+// hidden-row destination hid [N] (null for states without the head). Offsets depend on (N, nseq,
+// R) only.
 struct CudaModel::Table {
-  int64_t ids, rows, starts, pos, kc, vc, conv, S, conv_hist, S_hist, hid, mtp_pos, mtp_kc, mtp_vc,
-      mtp_src, words;
+  int64_t ids, rows, starts, pos, kc, vc, conv, S, conv_hist, S_hist, hid, words;
   int64_t N, nseq;
   const uint64_t* base;
   Table(int64_t N_, int64_t nseq_, int64_t R, int64_t n_attn, int64_t n_gdn, const uint64_t* b)
@@ -657,11 +661,7 @@ struct CudaModel::Table {
     conv_hist = S + n_gdn * nseq;
     S_hist = conv_hist + n_gdn * nseq;
     hid = S_hist + n_gdn * nseq;
-    mtp_pos = hid + N;
-    mtp_kc = mtp_pos + N;
-    mtp_vc = mtp_kc + N;
-    mtp_src = mtp_vc + N;
-    words = mtp_src + N;
+    words = hid + N;
   }
   template <class T>
   T* at(int64_t off) const {
@@ -703,19 +703,27 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
       }
     }
     if (st.has_mtp && T > 0) {
-      // The head's rows of the new tokens, and a region of mtp_hidden for their H (on growing,
-      // H[n_past - 1] moves to row 0).
-      grow_cache(st.mtp, st.n_past + T - 1, std::max<int64_t>(st.n_past - 1, 0), kv_row, s);
-      if (st.hidden_cap < T) {
-        const int64_t cap = std::max<int64_t>(2 * T, 64);
-        DeviceArray<float> h(2 * cap * H);
-        if (st.last_hidden >= 0)
-          TF_CUDA_CHECK(cudaMemcpyAsync(h.data(), st.mtp_hidden.data() + st.last_hidden * H,
-                                        H * sizeof(float), cudaMemcpyDeviceToDevice, s));
-        TF_CUDA_CHECK(cudaStreamSynchronize(s));  // before the old buffer is freed
-        st.mtp_hidden = std::move(h);
-        st.hidden_cap = cap;
-        if (st.last_hidden >= 0) st.last_hidden = 0;
+      // Room for the new tokens' H after the n_past - R held rows: the held rows move to row 0,
+      // in place where they do not overlap their new place, else into a larger buffer.
+      const int64_t held = st.n_past - st.mtp_rows;
+      if (st.hidden_base + held + T > st.hidden_cap) {
+        const size_t row = H * sizeof(float);
+        if (held <= st.hidden_base && held + T <= st.hidden_cap) {
+          if (held > 0)
+            TF_CUDA_CHECK(cudaMemcpyAsync(st.mtp_hidden.data(),
+                                          st.mtp_hidden.data() + st.hidden_base * H, held * row,
+                                          cudaMemcpyDeviceToDevice, s));
+        } else {
+          const int64_t cap = std::max<int64_t>({2 * (held + T), 2 * st.hidden_cap, 64});
+          DeviceArray<float> h(cap * H);
+          if (held > 0)
+            TF_CUDA_CHECK(cudaMemcpyAsync(h.data(), st.mtp_hidden.data() + st.hidden_base * H,
+                                          held * row, cudaMemcpyDeviceToDevice, s));
+          TF_CUDA_CHECK(cudaStreamSynchronize(s));  // before the old buffer is freed
+          st.mtp_hidden = std::move(h);
+          st.hidden_cap = cap;
+        }
+        st.hidden_base = 0;
       }
     }
   }
@@ -732,30 +740,15 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
     const int64_t T = static_cast<int64_t>(i.tokens.size());
     starts[q] = static_cast<int32_t>(t);
     CudaSequenceState& st = *i.state;
-    // The first row of the mtp_hidden region this step writes: the one not holding last_hidden.
-    const int64_t region = st.last_hidden >= st.hidden_cap ? 0 : st.hidden_cap;
+    // The mtp_hidden row of this step's first token's H.
+    const int64_t hrow = st.hidden_base + st.n_past - st.mtp_rows;
     for (int64_t u = 0; u < T; ++u) {
       ids[t + u] = i.tokens[u];
       pos[t + u] = i.state->n_past + u;
       if (u == T - 1 || i.all_logits || i.verify) rows[r++] = static_cast<int32_t>(t + u);
-      // The head's row of this token (steps that keep the head only): position p = n_past + u -
-      // 1, from (H[p], x[p + 1]); on mtp_dummy_ where there is none.
-      if (mtp && !(st.has_mtp && st.n_past + u > 0)) {
-        const float* dummy = mtp_dummy_.data();
-        host_table_[ht.mtp_kc + t + u] = addr(dummy);
-        host_table_[ht.mtp_vc + t + u] = addr(dummy);
-        host_table_[ht.mtp_src + t + u] = addr(dummy);
-      }
-      if (st.has_mtp) {
-        const float* hid = st.mtp_hidden.data();
-        host_table_[ht.hid + t + u] = addr(hid + (region + u) * H);
-        if (st.n_past + u > 0) {
-          ht.at<int64_t>(ht.mtp_pos)[t + u] = st.n_past + u - 1;
-          host_table_[ht.mtp_kc + t + u] = addr(st.mtp.k.data());
-          host_table_[ht.mtp_vc + t + u] = addr(st.mtp.v.data());
-          host_table_[ht.mtp_src + t + u] =
-              addr(u == 0 ? hid + st.last_hidden * H : hid + (region + u - 1) * H);
-        }
+      if (st.has_mtp) {  // H of this token, and the token as the input of the head's row p - 1
+        host_table_[ht.hid + t + u] = addr(st.mtp_hidden.data() + (hrow + u) * H);
+        if (st.n_past + u > 0) st.mtp_tokens.push_back(i.tokens[u]);
       }
       for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
         if (!c.full_attention[li]) continue;
@@ -779,7 +772,6 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
       }
     }
     if (i.verify && T > 0) st.verify_base = st.n_past, st.verify_T = T;
-    if (st.has_mtp && T > 0) st.step_rows = region, st.last_hidden = region + T - 1;
     t += T;
   }
   starts[nseq] = static_cast<int32_t>(t);
@@ -817,15 +809,9 @@ void CudaModel::enqueue(int64_t N, int64_t nseq, int64_t R, bool mtp) {
   float* h = scratch(kRows, R * H);
   cuda::gather_rows(xn, tb.at<int32_t>(tb.rows), R, H, h, s);
   matmul(*lm_head_, h, R, scratch(kLogits, R * V), s);
-  if (!mtp) return;
-  // The MTP head's cache row of every token (§6; x and xn are free now): its H goes to the
-  // state, then each row's input pair (H[p], x[p + 1]) through fc to the layer's k and v.
-  cuda::store_rows(xn, N, H, tb.at<float* const>(tb.hid), s);
-  float* hid = scratch(kDraftH0, N * H);
-  cuda::load_rows(tb.at<const float* const>(tb.mtp_src), N, H, hid, s);
-  mtp_in(tb.at<int32_t>(tb.ids), hid, N, x, xn);
-  mtp_attention(tb.at<int64_t>(tb.mtp_pos), tb.at<float* const>(tb.mtp_kc),
-                tb.at<float* const>(tb.mtp_vc), N, xn, nullptr);
+  // The final hidden states H of the tokens of states keeping the MTP head, the input of its
+  // cache rows (computed later by mtp_sync).
+  if (mtp) cuda::store_rows(xn, N, H, tb.at<float* const>(tb.hid), s);
 }
 
 void CudaModel::run_graph(const std::vector<int64_t>& key, const std::function<void()>& enqueue) {
@@ -900,6 +886,13 @@ int64_t CudaModel::step(std::span<const CudaStepInput> in) {
     run_graph({0, N, nseq, R, mtp}, run);
   else
     run();
+  // The head's rows of states with kDeviceSyncRows or more due (never inside a verify window,
+  // whose rejected tokens would leave rows behind).
+  std::vector<CudaSequenceState*> due;
+  for (const auto& i : in)
+    if (i.state->has_mtp && !i.verify && i.state->mtp_tokens.size() >= kDeviceSyncRows)
+      due.push_back(i.state);
+  if (!due.empty()) mtp_sync(due);
   return R;
 }
 
@@ -946,15 +939,9 @@ void CudaModel::mtp_in(const int32_t* ids, const float* hid, int64_t M, float* x
   const int64_t H = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const DevMtp& m = *mtp_;
-  float* e = scratch(kMtpE, M * H);
-  float* hn = scratch(kMtpHid, M * H);
   float* u = scratch(kMtpU, M * 2 * H);
-  cuda::embed_rows(embed_->dtype, embed_->bytes.data(), H, ids, M, e, s);
-  cuda::rmsnorm_zc(e, m.pre_fc_norm_embedding.data(), M, H, eps, e, s);
-  cuda::rmsnorm_zc(hid, m.pre_fc_norm_hidden.data(), M, H, eps, hn, s);
-  const size_t row = H * sizeof(float);
-  TF_CUDA_CHECK(cudaMemcpy2DAsync(u, 2 * row, e, row, row, M, cudaMemcpyDeviceToDevice, s));
-  TF_CUDA_CHECK(cudaMemcpy2DAsync(u + H, 2 * row, hn, row, row, M, cudaMemcpyDeviceToDevice, s));
+  cuda::mtp_input(embed_->dtype, embed_->bytes.data(), ids, hid, m.pre_fc_norm_embedding.data(),
+                  m.pre_fc_norm_hidden.data(), M, H, eps, u, s);
   matmul(m.fc, u, M, x, s);
   cuda::rmsnorm_zc(x, m.layer.input_norm.data(), M, H, eps, xn, s);
 }
@@ -992,6 +979,66 @@ struct DraftTable {
   }
 };
 }  // namespace
+
+void CudaModel::mtp_sync(std::span<CudaSequenceState* const> states) {
+  TF_CUDA_REQUIRE(has_mtp(), "mtp_sync(): the model has no MTP head");
+  const ModelConfig& c = config();
+  const cudaStream_t s = as_stream(stream_);
+  const int64_t H = c.hidden_size;
+  const size_t kv_row = c.num_key_value_heads * c.head_dim;
+  int64_t M = 0;
+  for (const CudaSequenceState* st : states) {
+    TF_CUDA_REQUIRE(st->has_mtp && st->verify_base < 0,
+                    "mtp_sync(): needs an MTP state with its window closed");
+    M += static_cast<int64_t>(st->mtp_tokens.size());
+  }
+  if (M == 0) return;
+  // Pending row i of a state: position R + i, from H[R + i] (mtp_hidden row hidden_base + i) and
+  // x[R + i + 1] (mtp_tokens[i]).
+  const DraftTable tb(M, 1);
+  host_sync_table_.assign(tb.words, 0);
+  uint64_t* w = host_sync_table_.data();
+  int64_t r = 0;
+  for (CudaSequenceState* st : states) {
+    const int64_t n = static_cast<int64_t>(st->mtp_tokens.size()), R = st->mtp_rows;
+    if (n == 0) continue;
+    TF_CUDA_REQUIRE(R + n + 1 == st->n_past, "MTP state: rows + pending + 1 != n_past");
+    grow_cache(st->mtp, R + n, R, kv_row, s);
+    for (int64_t i = 0; i < n; ++i, ++r) {
+      reinterpret_cast<int32_t*>(w + tb.ids)[r] = st->mtp_tokens[i];
+      reinterpret_cast<int64_t*>(w + tb.pos)[r] = R + i;
+      w[tb.kc + r] = addr(st->mtp.k.data());
+      w[tb.vc + r] = addr(st->mtp.v.data());
+      w[tb.src + r] = addr(st->mtp_hidden.data() + (st->hidden_base + i) * H);
+    }
+    st->mtp_rows = R + n;
+    st->hidden_base += n;
+    st->mtp_tokens.clear();
+  }
+  uint64_t* d = grow_tracked(sync_table_, tb.words);
+  // From pageable memory: the copy has read the host table when this returns.
+  TF_CUDA_CHECK(cudaMemcpyAsync(d, w, tb.words * sizeof(uint64_t), cudaMemcpyHostToDevice, s));
+  auto run = [&] { enqueue_mtp_rows(M, d); };
+  if (M <= kMaxGraphSync)
+    run_graph({2, M}, run);
+  else
+    run();
+}
+
+void CudaModel::enqueue_mtp_rows(int64_t M, const uint64_t* d) {
+  const int64_t H = config().hidden_size;
+  const DraftTable tb(M, 1);
+  auto at = [&](int64_t off) { return const_cast<uint64_t*>(d) + off; };
+  // §6: each row's input pair (H[p], x[p + 1]) through fc to the layer's k and v (x and xn are
+  // scratch here).
+  float* hid = scratch(kDraftH0, M * H);
+  cuda::load_rows(reinterpret_cast<const float* const*>(at(tb.src)), M, H, hid, as_stream(stream_));
+  mtp_in(reinterpret_cast<const int32_t*>(at(tb.ids)), hid, M, scratch(kX, M * H),
+         scratch(kXn, M * H));
+  mtp_attention(reinterpret_cast<const int64_t*>(at(tb.pos)),
+                reinterpret_cast<float* const*>(at(tb.kc)),
+                reinterpret_cast<float* const*>(at(tb.vc)), M, scratch(kXn, M * H), nullptr);
+}
 
 void CudaModel::enqueue_draft(const std::vector<int64_t>& ks, bool want_logits, const uint64_t* d) {
   const ModelConfig& c = config();
@@ -1051,6 +1098,10 @@ void CudaModel::draft(std::span<const DraftInput> inputs, std::span<Draft> out) 
     want_logits = want_logits || d.want_logits;
   }
   if (order.empty()) return;
+  std::vector<CudaSequenceState*> states;
+  for (size_t i : order)
+    states.push_back(static_cast<CudaSequenceState*>(inputs[i].state->device.get()));
+  mtp_sync(states);  // each now holds n_past - 1 rows and H[n_past - 1] at row hidden_base
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return inputs[a].max_tokens > inputs[b].max_tokens; });
   const int64_t M1 = static_cast<int64_t>(order.size());
@@ -1071,7 +1122,7 @@ void CudaModel::draft(std::span<const DraftInput> inputs, std::span<Draft> out) 
       reinterpret_cast<int64_t*>(w + tb.pos)[step * M1 + r] = st.n_past - 1 + step;
     w[tb.kc + r] = addr(st.mtp.k.data());
     w[tb.vc + r] = addr(st.mtp.v.data());
-    w[tb.src + r] = addr(st.mtp_hidden.data() + st.last_hidden * H);
+    w[tb.src + r] = addr(st.mtp_hidden.data() + st.hidden_base * H);
   }
   uint64_t* d = grow_tracked(draft_table_, tb.words);
   // From pageable memory: the copy has read the host table when this returns.

@@ -103,20 +103,20 @@ struct CudaSequenceState final : DeviceState {
   };
   std::vector<Layer> layers;
 
-  // The MTP head's state when `has_mtp`. Unlike the CPU's (which defers them), the head's cache
-  // rows are computed by the step that feeds their token: row p (from H[p] and x[p + 1]) by the
-  // step that feeds x[p + 1], inside its kernels, so mtp.k / mtp.v always hold n_past - 1 rows
-  // and draft() needs no catching up first (nor does mtp_sync, a no-op here). H[n_past - 1], the
-  // input of the next row and of draft(), is row last_hidden of mtp_hidden: two regions of
-  // hidden_cap rows, a step writing its tokens' H into the region that does not hold last_hidden
-  // (so a verify step's rollback finds H[n - 1] in the region it wrote, at step_rows + n - 1 -
-  // verify_base).
+  // The MTP head's state when `has_mtp`, kept as the CPU keeps it (SequenceState::mtp_kv): the
+  // head's cache rows are computed in batches (CudaModel::mtp_sync: by draft(), and by a step once
+  // 256 are due), so a step of a request that may draft only stores its tokens' H (one kernel).
+  // With R = mtp_rows:
+  //   mtp.k / mtp.v: rows < R valid, R <= n_past - 1, each as the head's own forward writes it;
+  //   mtp_hidden: row hidden_base + i = H[R + i] for i < n_past - R (the last waits for x[n_past]);
+  //   mtp_tokens: x[R + 1 .. n_past - 1] (host memory).
+  // A verify step's rejected tokens leave their H rows beyond n_past - R: dead, overwritten later.
   bool has_mtp = false;
   Layer mtp;
-  DeviceArray<float> mtp_hidden;  // [2 hidden_cap, H]
-  int64_t hidden_cap = 0;
-  int64_t last_hidden = -1;  // -1: n_past == 0
-  int64_t step_rows = 0;     // first row of the region the last step wrote
+  int64_t mtp_rows = 0;
+  DeviceArray<float> mtp_hidden;  // [hidden_cap, H]
+  int64_t hidden_cap = 0, hidden_base = 0;
+  std::vector<int32_t> mtp_tokens;
 
   // The verify window opened by the last step (verify_base < 0: none), as SequenceState::verify.
   int64_t verify_base = -1, verify_T = 0;
@@ -171,6 +171,10 @@ class CudaModel {
   // As forward, but the logits stay on the device: appends each logits row's argmax (ties to the
   // lower index) to `tokens`. Greedy decoding without moving [vocab] rows to the host.
   void forward_greedy(std::span<const CudaStepInput> inputs, std::vector<int32_t>* tokens);
+  // Computes the MTP head's pending cache rows of `states` (has_mtp, window closed) in one batch:
+  // afterwards each has n_past - 1 rows. The rows are those a one-token forward of the head writes
+  // (every kernel is split-invariant), so no later result depends on when this ran.
+  void mtp_sync(std::span<CudaSequenceState* const> states);
   // Model::draft on the device (has_mtp(); the states are device states, SequenceState::device):
   // every step of every input runs on the device (a CUDA graph per shape of the call) with one
   // host synchronisation at the end; the confidence gate (p_min) is applied to the results, which
@@ -197,11 +201,11 @@ class CudaModel {
   static Status init_device(CudaModel* m, int device);
   void finish_init();
   // Host side of a step: grows caches, builds and uploads the tables; returns rows wanting logits.
-  // *mtp: some state keeps the MTP head's rows.
+  // *mtp: some state keeps the MTP head's rows (the step stores its tokens' H for them).
   int64_t prepare(std::span<const CudaStepInput> in, int64_t* N, int64_t* nseq, bool* mtp);
   // Device side: every kernel from the embedding to the logits rows (scratch kLogits), then with
-  // `mtp` the MTP head's cache rows of the step's tokens, on the stream; depends on the host only
-  // through (N, nseq, R, mtp), so it can be captured.
+  // `mtp` the step's H rows to the states keeping the head, on the stream; depends on the host
+  // only through (N, nseq, R, mtp), so it can be captured.
   void enqueue(int64_t N, int64_t nseq, int64_t R, bool mtp);
   // prepare + enqueue (or a graph replay for decode and verify steps); returns R.
   int64_t step(std::span<const CudaStepInput> in);
@@ -220,6 +224,8 @@ class CudaModel {
   // Gated attention of the head's layer for M rows at positions pos, caches kc / vc (tables).
   void mtp_attention(const int64_t* pos, float* const* kc, float* const* vc, int64_t M,
                      const float* xn, float* y);
+  // mtp_sync's kernels for M rows, from the table at d (a one-step DraftTable).
+  void enqueue_mtp_rows(int64_t M, const uint64_t* d);
   // The drafting steps of draft() for rows of max_tokens ks (descending), from the table at d.
   void enqueue_draft(const std::vector<int64_t>& ks, bool want_logits, const uint64_t* d);
   // Runs `enqueue` as the CUDA graph of `key` (captured on its first use, after one eager run
@@ -247,8 +253,8 @@ class CudaModel {
   DeviceArray<uint64_t> table_;              // the step's tables (8-byte words)
   std::vector<uint64_t> host_table_;
   DeviceArray<int32_t> route_ex_, route_sorted_, route_tiles_, argmax_, draft_tok_;
-  DeviceArray<uint64_t> draft_table_;  // draft()'s table
-  std::vector<uint64_t> host_draft_table_;
+  DeviceArray<uint64_t> draft_table_, sync_table_;  // draft()'s and mtp_sync()'s tables
+  std::vector<uint64_t> host_draft_table_, host_sync_table_;
   DeviceArray<float> mtp_dummy_;  // [max(H, n_kv D)] zeros: the head's row of no position
   void* pinned_ = nullptr;        // forward()'s logits on their way to the host
   size_t pinned_bytes_ = 0;
@@ -256,7 +262,8 @@ class CudaModel {
   // and drops the graphs (they hold the old addresses).
   uint64_t generation_ = 0, graphs_gen_ = 0;
   bool graphs_on_ = true;
-  // cudaGraphExec_t by key: steps {0, N, nseq, R, mtp}, drafts {1, want_logits, ks...}.
+  // cudaGraphExec_t by key: steps {0, N, nseq, R, mtp}, drafts {1, want_logits, ks...},
+  // mtp_sync {2, M}.
   std::map<std::vector<int64_t>, void*> graphs_;
 };
 

@@ -378,10 +378,13 @@ void Model::mtp_collect(std::span<const StepInput> inputs, std::span<const int64
 
 void Model::mtp_sync(std::span<SequenceState* const> states, ThreadPool* pool) const {
 #ifdef TF_HAVE_CUDA
-  if (cuda_) {  // the device computes the head's rows in every step (CudaSequenceState)
-    for (SequenceState* st : states)
-      TF_CHECK(device_state(st)->has_mtp && st->verify.base < 0,
-               "mtp_sync(): needs an MTP state, window closed");
+  if (cuda_) {
+    std::vector<CudaSequenceState*> dev;
+    for (SequenceState* st : states) {
+      TF_CHECK(st->verify.base < 0, "mtp_sync(): needs an MTP state, window closed");
+      dev.push_back(device_state(st));
+    }
+    cuda_->mtp_sync(dev);
     return;
   }
 #endif

@@ -66,8 +66,11 @@ class DraftOnDevice : public testing::TinyNextOnDevice {
     return testing::decode_each(*gpu_, st, toks);
   }
   // Every valid float of a device state: the caches' rows, the conv and recurrent states, the
-  // MTP head's n_past - 1 cache rows and H[n_past - 1].
+  // MTP head's n_past - 1 cache rows (synced first: a state holds them pending until a draft) and
+  // H[n_past - 1].
   std::vector<float> contents(SequenceState& s) const {
+    SequenceState* sp = &s;
+    gpu_->mtp_sync({&sp, 1}, nullptr);
     const auto& d = *static_cast<const CudaSequenceState*>(s.device.get());
     const ModelConfig& c = gpu_->config();
     const size_t row = c.num_key_value_heads * c.head_dim;
@@ -80,7 +83,8 @@ class DraftOnDevice : public testing::TinyNextOnDevice {
     }
     add(host(d.mtp.k, (d.n_past - 1) * row));
     add(host(d.mtp.v, (d.n_past - 1) * row));
-    const auto hid = host(d.mtp_hidden, (d.last_hidden + 1) * c.hidden_size);
+    EXPECT_EQ(d.mtp_rows, d.n_past - 1);
+    const auto hid = host(d.mtp_hidden, (d.hidden_base + 1) * c.hidden_size);
     all.insert(all.end(), hid.end() - c.hidden_size, hid.end());  // H[n_past - 1]
     return all;
   }
@@ -135,6 +139,31 @@ TEST_F(DraftOnDevice, RollbackEqualsPlainState) {
       EXPECT_TRUE(same_state(kept, plain));
     }
   }
+}
+
+// The head's cache rows are computed when a state is synced (by draft(), by a step once 256 are
+// due, or here): whenever that is, and however many rows one sync computes (one or five in a
+// graph, 256 or a prompt's eagerly), the rows are the same bits. Checked to fail with a sync that
+// gives every row its last row's position (right for one-row syncs only).
+TEST_F(DraftOnDevice, HeadRowsDoNotDependOnWhenTheyAreSynced) {
+  const auto prompt = tokens(10, 11), feed = tokens(300, 12);
+  SequenceState each = prefilled(*gpu_, prompt), fives = prefilled(*gpu_, prompt);
+  SequenceState deferred = prefilled(*gpu_, prompt);
+  for (size_t i = 0; i < feed.size(); ++i) {
+    decode(&each, {&feed[i], 1});
+    decode(&fives, {&feed[i], 1});
+    SequenceState* sp = &each;
+    gpu_->mtp_sync({&sp, 1}, nullptr);
+    sp = &fives;
+    if (i % 5 == 4) gpu_->mtp_sync({&sp, 1}, nullptr);
+  }
+  decode(&deferred, feed);  // one at a time, synced by the step that has 256 due
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), feed.begin(), feed.end());
+  SequenceState whole = prefilled(*gpu_, all);  // synced by its one step
+  EXPECT_TRUE(same_state(each, fives));
+  EXPECT_TRUE(same_state(each, deferred));
+  EXPECT_TRUE(same_state(each, whole));
 }
 
 TEST_F(DraftOnDevice, DraftIsPureAndBatchInvariant) {

@@ -288,6 +288,29 @@ TEST_F(CudaOps, RouteTopkAndEmbed) {
       EXPECT_EQ(rows[t * dim + d], bf16_to_f32(eb[ids[t] * dim + d]));
 }
 
+// The MTP head's fc input in one launch: each half the same bits as embed_rows then rmsnorm_zc.
+TEST_F(CudaOps, MtpInputEqualsEmbedThenNorms) {
+  const int64_t V = 40, H = 320;
+  std::vector<uint16_t> eb(V * H);
+  const auto ef = randn(V * H, 22);
+  for (size_t i = 0; i < eb.size(); ++i) eb[i] = f32_to_bf16(ef[i]);
+  const std::vector<int32_t> ids = {7, 0, 39, 7, 12};
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const auto hid = randn(n * H, 23), we = randn(H, 24), wh = randn(H, 25);
+  Dev<uint16_t> demb(eb);
+  Dev<int32_t> dids(ids);
+  Dev<float> dhid(hid), dwe(we), dwh(wh), du(n * 2 * H), de(n * H), dhn(n * H);
+  cuda::mtp_input(DType::kBF16, demb.p, dids.p, dhid.p, dwe.p, dwh.p, n, H, 1e-6f, du.p, nullptr);
+  cuda::embed_rows(DType::kBF16, demb.p, H, dids.p, n, de.p, nullptr);
+  cuda::rmsnorm_zc(de.p, dwe.p, n, H, 1e-6f, de.p, nullptr);
+  cuda::rmsnorm_zc(dhid.p, dwh.p, n, H, 1e-6f, dhn.p, nullptr);
+  const auto u = du.host(), e = de.host(), hn = dhn.host();
+  for (int64_t t = 0; t < n; ++t) {
+    EXPECT_EQ(0, std::memcmp(&u[t * 2 * H], &e[t * H], H * 4)) << "embedding half, row " << t;
+    EXPECT_EQ(0, std::memcmp(&u[t * 2 * H + H], &hn[t * H], H * 4)) << "hidden half, row " << t;
+  }
+}
+
 std::vector<uint16_t> to_bf16(const std::vector<float>& f) {
   std::vector<uint16_t> b(f.size());
   for (size_t i = 0; i < f.size(); ++i) b[i] = f32_to_bf16(f[i]);

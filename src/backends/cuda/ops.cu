@@ -745,6 +745,38 @@ __global__ void embed_rows_kernel(const E* __restrict__ embed, int64_t dim,
   }
 }
 
+// Block (t, half): half 0 normalises embed[ids[t]] with w_e into u[t, 0:dim], half 1 hid[t] with
+// w_h into u[t, dim:2 dim]; each rmsnorm_zc_kernel's arithmetic on embed_rows_kernel's floats.
+template <class E>
+__global__ void mtp_input_kernel(const E* __restrict__ embed, const int32_t* __restrict__ ids,
+                                 const float* __restrict__ hid, const float* __restrict__ w_e,
+                                 const float* __restrict__ w_h, int64_t dim, float eps,
+                                 float* __restrict__ u) {
+  pdl_enter();
+  __shared__ float scratch[kNormThreads / kWarp];
+  const int64_t t = blockIdx.x;
+  const bool emb = blockIdx.y == 0;
+  const E* er = emb ? embed + static_cast<int64_t>(ids[t]) * dim : nullptr;
+  const float* hr = hid + t * dim;
+  auto at = [&](int64_t d) -> float {
+    if (!emb) return hr[d];
+    if constexpr (sizeof(E) == 2)
+      return __bfloat162float(er[d]);
+    else
+      return er[d];
+  };
+  float ss = 0;
+  for (int64_t d = threadIdx.x; d < dim; d += kNormThreads) {
+    const float x = at(d);
+    ss = fmaf(x, x, ss);
+  }
+  ss = block_sum<kNormThreads>(ss, scratch);
+  const float r = rsqrtf(ss / static_cast<float>(dim) + eps);
+  const float* w = emb ? w_e : w_h;
+  float* yr = u + t * 2 * dim + (emb ? 0 : dim);
+  for (int64_t d = threadIdx.x; d < dim; d += kNormThreads) yr[d] = at(d) * r * (1.0f + w[d]);
+}
+
 // One block per row, as rmsnorm_zc.
 __global__ void rmsnorm_gated_kernel(const float* __restrict__ x, const float* __restrict__ z,
                                      const float* __restrict__ w, int64_t dim, float eps,
@@ -1768,6 +1800,21 @@ void rope_neox(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t r
   if (T == 0) return;
   launch(rope_neox_kernel, static_cast<unsigned>(T), 128, 0, stream, x, n_heads, head_dim,
          rotary_dim / 2, inv_freq, pos);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void mtp_input(DType etype, const void* embed, const int32_t* ids, const float* hid,
+               const float* w_embed, const float* w_hidden, int64_t n, int64_t dim, float eps,
+               float* u, cudaStream_t stream) {
+  if (n == 0) return;
+  TF_CUDA_REQUIRE(etype == DType::kBF16 || etype == DType::kF32, "mtp_input: bf16 or f32");
+  const dim3 grid(static_cast<unsigned>(n), 2);
+  if (etype == DType::kBF16)
+    launch(mtp_input_kernel<__nv_bfloat16>, grid, kNormThreads, 0, stream,
+           static_cast<const __nv_bfloat16*>(embed), ids, hid, w_embed, w_hidden, dim, eps, u);
+  else
+    launch(mtp_input_kernel<float>, grid, kNormThreads, 0, stream, static_cast<const float*>(embed),
+           ids, hid, w_embed, w_hidden, dim, eps, u);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 

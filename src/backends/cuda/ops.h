@@ -42,6 +42,13 @@ void rope_neox(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t r
 void embed_rows(DType etype, const void* embed, int64_t dim, const int32_t* ids, int64_t n,
                 float* y, cudaStream_t stream);
 
+// The MTP head's fc input (qwen3-next.md §6): u[t] = [rmsnorm_zc(embed[ids[t]], w_embed) |
+// rmsnorm_zc(hid[t], w_hidden)], u [n, 2 dim], hid [n, dim]: the same bits as embed_rows and
+// rmsnorm_zc into the two halves, in one launch.
+void mtp_input(DType etype, const void* embed, const int32_t* ids, const float* hid,
+               const float* w_embed, const float* w_hidden, int64_t n, int64_t dim, float eps,
+               float* u, cudaStream_t stream);
+
 // Gated RMSNorm of Gated DeltaNet per row of `dim`: y = x * rsqrt(mean(x^2) + eps) * w * silu(z).
 void rmsnorm_gated(const float* x, const float* z, const float* w, int64_t n, int64_t dim,
                    float eps, float* y, cudaStream_t stream);
