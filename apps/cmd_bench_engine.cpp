@@ -48,6 +48,7 @@ struct Options {
   bool draft_fixed = false;
   float draft_p_min = 0.0f;
   int draft_max_streams = 1;
+  int draft_lookup = 0;
   std::vector<int> draft_streams = {1, 4};
   int draft_gen = 160;
   bool draft_only = false;        // skip 1 and 2
@@ -242,6 +243,7 @@ bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
       dc.adaptive = !o.draft_fixed;
       dc.p_min = o.draft_p_min;
       dc.max_streams = o.draft_max_streams;
+      dc.lookup = o.draft_lookup;
       dc.max_tokens = o.draft_gen;
       dc.reps = o.reps;
       dc.threads = o.threads;
@@ -256,6 +258,8 @@ bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
                                  {"draft_steps", c.stats.draft_steps},
                                  {"drafted", c.stats.drafted_tokens},
                                  {"accepted", c.stats.accepted_tokens},
+                                 {"lookup_drafted", c.stats.lookup_tokens},
+                                 {"lookup_accepted", c.stats.lookup_accepted},
                                  {"acceptance", c.acceptance()},
                                  {"mean_accepted_length", c.mean_accepted_length()},
                                  {"same_tokens", c.same_tokens}});
@@ -371,6 +375,10 @@ void add_bench_engine(CLI::App& app) {
                   "Draft only in steps where at most this many requests decode (0 = any)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--draft-lookup", o->draft_lookup,
+                  "Prompt-lookup drafts per step at most, besides the MTP head's (0 = off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 32));
   cmd->add_option("--draft-streams", o->draft_streams, "Stream counts for the drafting comparison")
       ->capture_default_str()
       ->delimiter(',')

@@ -58,6 +58,11 @@ void add_serve(CLI::App& app) {
                   "a batch already gains what drafting would)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--draft-lookup", o->draft_lookup,
+                  "With --draft-max: up to this many prompt-lookup drafts per step where the "
+                  "reply repeats its context (0 = off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 32));
   auto no_draft = std::make_shared<bool>(false);
   cmd->add_flag_callback(
       "--no-draft", [no_draft] { *no_draft = true; },

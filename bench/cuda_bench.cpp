@@ -14,7 +14,8 @@
 // of --draft-prompts, default bench/draft_prompts.json, at --draft-streams 1,4; --draft-fixed;
 // --profile: one plain step, one verify step of K + 1 tokens and one draft(K) between
 // cudaProfilerStart and Stop, for `ncu --profile-from-start off`; --draft-max-streams N, default 1:
-// EngineOptions::draft_max_streams; --draft-reps N: the engine comparison's best of N, default 3).
+// EngineOptions::draft_max_streams; --draft-reps N: the engine comparison's best of N, default 3;
+// --draft-lookup N: EngineOptions::draft_lookup).
 // Bytes per decode step: every non-expert weight of the layers once, the lm_head once, one
 // embedding row per row, and per MoE layer the distinct routed experts of the step (k at batch 1;
 // at batch B the expected number under uniform routing, E (1 - (1 - k/E)^B)); plus per sequence
@@ -408,12 +409,30 @@ void draft_cost_table(CudaModel& m, int prompt, int iters, int profile_k, std::m
                 verify * 1e3, ratio, speedup(0.5), speedup(0.8), speedup(0.9),
                 ratio >= k + 1 ? "never" : fmt::format("{:.2f}", lo).c_str());
   }
+  // Prompt-lookup drafts (EngineOptions::draft_lookup) cost no drafting: verify only.
+  std::printf(
+      "\n| prompt-lookup drafts, batch 1 (ms) | k | verify k+1, keep 1 | verify / plain | speedup "
+      "at a = 0.5 / 0.8 / 0.9 |\n|---|---|---|---|---|\n");
+  for (int k : {2, 4, 8, 12}) {
+    std::vector<int32_t> feed(k + 1);
+    const double verify = time([&] {
+      for (auto& t : feed) t = tok(rng);
+      const CudaStepInput in{cs, feed, false, true};
+      logits.clear();
+      m.forward({&in, 1}, &logits);
+      cs->rollback(cs->n_past - k);
+    });
+    const double ratio = verify / plain;
+    auto speedup = [&](double a) { return (1 - std::pow(a, k + 1)) / (1 - a) / ratio; };
+    std::printf("| | %d | %.3f | %.2f | %.2f / %.2f / %.2f |\n", k, verify * 1e3, ratio,
+                speedup(0.5), speedup(0.8), speedup(0.9));
+  }
 }
 
 // MTP drafting against plain decoding through the engine on the device (as bench-engine --draft
 // on the CPU), on the chat prompts of bench/draft_prompts.json (token ids written by `tensorfold
 // bench-engine --draft 3 --draft-only --draft-prompts-out FILE`). 1 if the tokens differ.
-int draft_table(Model& model, int k, bool adaptive, int max_streams, int reps,
+int draft_table(Model& model, int k, bool adaptive, int max_streams, int reps, int lookup,
                 const std::string& file, const std::vector<int>& streams) {
   if (!model.on_device())
     if (Status st = model.use_cuda(); !st.is_ok()) {
@@ -429,9 +448,9 @@ int draft_table(Model& model, int k, bool adaptive, int max_streams, int reps,
   const auto stops = j.at("stops").get<std::vector<int32_t>>();
   std::printf(
       "\ndrafting (engine, --device cuda), up to %d drafts (%s, while at most %d requests "
-      "decode; 0: any), greedy, replies up to 160 tokens, best of %d; 8 prompts per kind, N at a "
-      "time:\n",
-      k, adaptive ? "adaptive" : "fixed", max_streams, reps);
+      "decode; 0: any; prompt lookup up to %d), greedy, replies up to 160 tokens, best of %d; 8 "
+      "prompts per kind, N at a time:\n",
+      k, adaptive ? "adaptive" : "fixed", max_streams, lookup, reps);
   bool same = true;
   for (const auto& [kind, prompts] : j.at("prompts").items()) {
     for (int n : streams) {
@@ -441,6 +460,7 @@ int draft_table(Model& model, int k, bool adaptive, int max_streams, int reps,
       o.adaptive = adaptive;
       o.max_streams = max_streams;
       o.reps = reps;
+      o.lookup = lookup;
       o.threads = 1;
       const DraftComparison c =
           compare_drafting(model, prompts.get<std::vector<std::vector<int32_t>>>(), stops, o);
@@ -469,6 +489,7 @@ int run(int argc, char** argv) {
   bool draft_fixed = false, profile = false;
   int draft_max_streams = 1;
   int draft_reps = 3;
+  int draft_lookup = 0;
   std::string draft_prompts = "bench/draft_prompts.json";
   std::vector<int> draft_streams = {1, 4};
   for (int i = 1; i < argc; ++i) {
@@ -506,6 +527,8 @@ int run(int argc, char** argv) {
       draft_fixed = true;
     else if (a == "--draft-max-streams")
       draft_max_streams = std::atoi(next().c_str());
+    else if (a == "--draft-lookup")
+      draft_lookup = std::max(0, std::atoi(next().c_str()));
     else if (a == "--draft-reps")
       draft_reps = std::max(1, std::atoi(next().c_str()));
     else if (a == "--profile")
@@ -515,11 +538,13 @@ int run(int argc, char** argv) {
     else if (a == "--draft-streams")
       draft_streams = parse_list(next());
     else {
-      std::fprintf(stderr,
-                   "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
-                   "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
-                   "[--kernels] [--engine] [--draft K [--draft-fixed] [--draft-prompts JSON] "
-                   "[--draft-streams 1,4] [--draft-max-streams 1] [--draft-reps 3] [--profile]]\n");
+      std::fprintf(
+          stderr,
+          "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
+          "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
+          "[--kernels] [--engine] [--draft K [--draft-fixed] [--draft-prompts JSON] "
+          "[--draft-streams 1,4] [--draft-max-streams 1] [--draft-reps 3] [--draft-lookup N] "
+          "[--profile]]\n");
       return 2;
     }
   }
@@ -660,8 +685,8 @@ int run(int argc, char** argv) {
                   engine_decode(*host, B, prompt, steps, rng));
   }
   if (draft > 0 && host)
-    return draft_table(*host, draft, !draft_fixed, draft_max_streams, draft_reps, draft_prompts,
-                       draft_streams);
+    return draft_table(*host, draft, !draft_fixed, draft_max_streams, draft_reps, draft_lookup,
+                       draft_prompts, draft_streams);
   return 0;
 }
 

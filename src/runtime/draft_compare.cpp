@@ -38,6 +38,7 @@ Run run_once(const Model& model, const std::vector<std::vector<int32_t>>& prompt
   eo.draft_adaptive = o.adaptive;
   eo.draft_p_min = o.p_min;
   eo.draft_max_streams = o.max_streams;
+  eo.draft_lookup = draft_max > 0 ? o.lookup : 0;
   Run res;
   std::vector<std::unique_ptr<Reply>> replies;
   const auto t0 = Clock::now();
@@ -100,10 +101,14 @@ DraftComparison compare_drafting(const Model& model,
 std::string describe(const std::string& kind, int streams, const DraftComparison& c) {
   return fmt::format(
       "{:<5} N={}: plain {:7.1f} tok/s, drafted {:7.1f} tok/s ({:.2f}x); {} drafts in {} verify "
-      "rows, {:.1f}% accepted, mean accepted length {:.2f}; {} reply tokens{}",
+      "rows, {:.1f}% accepted, mean accepted length {:.2f}; {} reply tokens{}{}",
       kind, streams, c.plain_tokens_per_s, c.drafted_tokens_per_s, c.speedup(),
       c.stats.drafted_tokens, c.stats.draft_steps, 100 * c.acceptance(), c.mean_accepted_length(),
-      c.reply_tokens, c.same_tokens ? "" : " (TOKENS DIFFER)");
+      c.reply_tokens,
+      c.stats.lookup_tokens > 0 ? fmt::format("; {} of the drafts by prompt lookup, {} accepted",
+                                              c.stats.lookup_tokens, c.stats.lookup_accepted)
+                                : std::string(),
+      c.same_tokens ? "" : " (TOKENS DIFFER)");
 }
 
 }  // namespace tf

@@ -20,6 +20,7 @@ struct DraftCompareOptions {
   bool adaptive = true;  // DraftPolicy picks k per step (else always K)
   float p_min = 0.0f;    // confidence gate
   int max_streams = 1;   // EngineOptions::draft_max_streams
+  int lookup = 0;        // EngineOptions::draft_lookup
   int max_tokens = 160;  // reply cap
   int reps = 3;          // best of
   int threads = 0;       // engine worker threads (0: all cores)

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "runtime/lookup.h"
+
 namespace tf {
 
 const char* finish_reason_name(FinishReason r) {
@@ -31,7 +33,8 @@ Engine::Engine(const Model& model, const EngineOptions& o)
       pool_(o.threads),
       sched_(o.scheduler),
       states_(o.state_cache_bytes, kDeltaChunk),
-      prior_(o.draft_max) {
+      prior_(o.draft_max),
+      lookup_prior_(1) {
   mtp_ = o.draft_max > 0 && model.has_mtp();
   TF_CHECK(o.scheduler.prefill_align % kDeltaChunk == 0, "prefill_align {} vs chunk {}",
            o.scheduler.prefill_align, kDeltaChunk);
@@ -53,7 +56,7 @@ void Engine::shutdown() {
 
 std::unique_ptr<Engine::Active> Engine::make_active(GenerationRequest r) {
   auto a = std::make_unique<Active>(
-      Active{std::move(r), {}, Sampler({}), {}, false, 0, 0, -1, {}, {}, 0, {}});
+      Active{std::move(r), {}, Sampler({}), {}, false, 0, 0, -1, {}, {}, 0, {}, {}, {}, false, 0});
   a->sampler = Sampler(a->req.sampling);
   return a;
 }
@@ -206,7 +209,10 @@ void Engine::admit(const std::vector<uint64_t>& ids) {
     a.n_cached = states_.find(p, static_cast<int64_t>(p.size()) - 1, &a.state, &reason);
     // A request's depth policy starts from what the engine has measured so far (every k tried
     // once by the first requests), so short replies do not each pay for trying every k.
-    if (mtp_ && a.req.draft) a.policy.emplace(prior_);
+    if (mtp_ && a.req.draft) {
+      a.policy.emplace(prior_);
+      if (o_.draft_lookup > 0) a.lookup.emplace(lookup_prior_), a.lookup_depth = o_.draft_lookup;
+    }
     if (a.n_cached == 0) {
       a.state = model_.new_state(o_.buffers, mtp_);
       continue;
@@ -242,6 +248,8 @@ void Engine::step() {
       for (auto& [id, a] : active_) decoding += !a->internal && a->last >= 0;
       const bool gated = o_.draft_max_streams > 0 && decoding > o_.draft_max_streams;
       for (auto& [id, a] : active_) {
+        a->lookup_drafts.clear();
+        a->lookup_matched = false;
         if (a->policy && a->last >= 0) sched_.set_draft(id, gated ? 0 : want_drafts(*a));
       }
     }
@@ -258,7 +266,15 @@ void Engine::step() {
     Active& a = *active_.at(r.seq);
     a.k = r.draft;
     a.feed.assign(1, a.last);
-    if (r.draft == 0) continue;
+    if (r.draft == 0) {
+      a.lookup_drafts.clear();
+      continue;
+    }
+    if (!a.lookup_drafts.empty()) {  // prompt lookup: no drafter to run
+      a.lookup_drafts.resize(std::min<size_t>(a.lookup_drafts.size(), r.draft));
+      a.feed.insert(a.feed.end(), a.lookup_drafts.begin(), a.lookup_drafts.end());
+      continue;
+    }
     din.push_back(DraftInput{&a.state, a.last, r.draft, o_.draft_p_min});
     drafting.push_back(&a);
   }
@@ -304,13 +320,25 @@ void Engine::step() {
 }
 
 int Engine::want_drafts(Active& a) {
-  const int k = o_.draft_adaptive ? a.policy->next() : o_.draft_max;
   // Tokens still wanted: at most room - 1 drafts (+ the target's own token) can be used. Row i of
   // a verify pass leaves n_past = base + 1 + i, and plain decoding stops once n_past + 1 reaches
   // ctx_size, so rows past ctx_size - 2 - base are never sampled.
   const int64_t room = a.req.max_tokens - a.n_generated;
   const int64_t ctx_room = o_.ctx_size - 2 - a.state.n_past;
-  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>({k, room - 1, ctx_room})));
+  const int64_t limit = std::max<int64_t>(0, std::min(room - 1, ctx_room));
+  if (a.lookup && limit > 0) {
+    std::vector<int32_t> d = lookup_drafts(
+        a.req.prompt, a.reply, static_cast<int>(std::min<int64_t>(a.lookup_depth, limit)));
+    if (!d.empty()) {
+      a.lookup_matched = true;
+      if (!o_.draft_adaptive || a.lookup->next() == 1) {
+        a.lookup_drafts = std::move(d);
+        return static_cast<int>(a.lookup_drafts.size());
+      }
+    }
+  }
+  const int k = o_.draft_adaptive ? a.policy->next() : o_.draft_max;
+  return static_cast<int>(std::min<int64_t>(k, limit));
 }
 
 bool Engine::cancel_pending(uint64_t id) const {
@@ -354,10 +382,12 @@ void Engine::commit_decode(StepRow& r, std::span<const float> logits, double ste
   const std::vector<int32_t> feed = std::move(a.feed);
   const int64_t j = static_cast<int64_t>(feed.size()) - 1;  // drafts fed
   const int k = a.k;
+  const bool lookup = !a.lookup_drafts.empty();  // the drafts came from prompt lookup
   if (j > 0) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.draft_steps;
     stats_.drafted_tokens += j;
+    if (lookup) stats_.lookup_tokens += j;
   }
   // Row i holds the target's logits after feed[0 .. i]: sample it as plain decoding would, and go
   // on to row i + 1 only while the token is the draft fed next (d_{i+1} = feed[i + 1]).
@@ -373,6 +403,7 @@ void Engine::commit_decode(StepRow& r, std::span<const float> logits, double ste
     if (accepted) {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.accepted_tokens;
+      if (lookup) ++stats_.lookup_accepted;
     }
     if (!take(r.seq, a, tok, row, base + 1 + i)) return;  // finished: `a` is gone
     if (!accepted) break;
@@ -380,9 +411,24 @@ void Engine::commit_decode(StepRow& r, std::span<const float> logits, double ste
   // Keep x, d_1 .. d_i: exactly plain decoding's state after the tokens emitted but the last.
   if (j > 0) a.state.rollback(base + 1 + i);
   r.count = 1 + i;
+  const int emitted = static_cast<int>(i) + 1;
+  if (lookup) {
+    // Deeper while every draft is accepted, back to what was accepted (+ 1) after a rejection.
+    a.lookup_depth =
+        i == j ? std::min(2 * a.lookup_depth, o_.draft_lookup) : std::max<int>(1, i + 1);
+  }
   if (a.policy && o_.draft_adaptive) {
-    a.policy->observe(k, static_cast<int>(i) + 1, step_cost);
-    prior_.observe(k, static_cast<int>(i) + 1, step_cost);
+    if (lookup) {
+      a.lookup->observe(1, emitted, step_cost);
+      lookup_prior_.observe(1, emitted, step_cost);
+    } else {
+      a.policy->observe(k, emitted, step_cost);
+      prior_.observe(k, emitted, step_cost);
+      if (a.lookup_matched) {
+        a.lookup->observe(0, emitted, step_cost);
+        lookup_prior_.observe(0, emitted, step_cost);
+      }
+    }
   }
   if (o_.on_decode_state) o_.on_decode_state(r.seq, a.state);
 }

@@ -94,6 +94,12 @@ struct EngineOptions {
   // drafting pays for one decoding request and costs from 4 (docs/PERFORMANCE.md). As vLLM's
   // speculative_disable_by_batch_size.
   int draft_max_streams = 1;
+  // Prompt-lookup drafts (runtime/lookup.h), up to this many per step (0: off), for requests that
+  // draft: where the context's last 2-4 tokens occurred before, the tokens that followed are
+  // verified instead of asking the MTP head, at no drafting cost. Adaptive per request (a second
+  // DraftPolicy: lookup or not, where a lookup matches, by measured cost per token); the depth
+  // halves to what was accepted after a rejection and doubles back on full acceptance.
+  int draft_lookup = 0;
   // For tests: called on the engine thread after each decode row's commit, with the request's id
   // and its state (verify window closed), while the request goes on; empty: none.
   std::function<void(uint64_t, const SequenceState&)> on_decode_state;
@@ -105,6 +111,8 @@ struct EngineStats {
   // MTP drafting: verify rows that carried drafts, drafts proposed, drafts accepted (emitted as
   // the target's own tokens). Mean accepted length = accepted_tokens / draft_steps.
   uint64_t draft_steps = 0, drafted_tokens = 0, accepted_tokens = 0;
+  // Of those, the prompt-lookup drafts (EngineOptions::draft_lookup) and how many were accepted.
+  uint64_t lookup_tokens = 0, lookup_accepted = 0;
   size_t waiting = 0, running = 0;  // requests (keep jobs not included)
   size_t keeping = 0;               // keep jobs queued or running
   StatePoolStats pool;
@@ -150,6 +158,13 @@ class Engine {
     std::optional<DraftPolicy> policy;
     int k = 0;                  // drafts asked for this step (0: a plain decode row)
     std::vector<int32_t> feed;  // this step's decode row: [last, d_1 .. d_j]
+    // Prompt lookup (EngineOptions::draft_lookup): whether to use it where it matches (arm 1) or
+    // not (arm 0), this step's lookup drafts (empty: the MTP head drafts, if any), whether a lookup
+    // matched this step, and the depth asked of the next lookup.
+    std::optional<DraftPolicy> lookup;
+    std::vector<int32_t> lookup_drafts;
+    bool lookup_matched = false;
+    int lookup_depth = 0;
   };
   static std::unique_ptr<Active> make_active(GenerationRequest r);
   static TokenEvent event(const Active& a, int32_t token, std::span<const float> logits);
@@ -183,6 +198,7 @@ class Engine {
   // Every request's depth observations, pooled (engine thread only): a new request's policy
   // starts as a copy of it.
   DraftPolicy prior_;
+  DraftPolicy lookup_prior_;  // the same for the lookup-or-not choice
   uint64_t next_id_ = 1;
   bool stop_ = false;
   bool wake_ = false;  // guarded by mu_

@@ -181,15 +181,19 @@ class Service {
     eo.draft_p_min = o_.draft_p_min;
     eo.draft_adaptive = o_.draft_adaptive;
     eo.draft_max_streams = o_.draft_max_streams;
+    eo.draft_lookup = o_.draft_lookup;
     if (o_.draft_max > 0 && !model_->has_mtp()) {
       spdlog::warn("drafting: off (the model has no MTP head, --draft-max {} ignored)",
                    o_.draft_max);
     } else if (o_.draft_max > 0) {
-      spdlog::info("drafting: up to {} MTP drafts per step ({}, p_min {}), {}", o_.draft_max,
+      spdlog::info("drafting: up to {} MTP drafts per step ({}, p_min {}), {}{}", o_.draft_max,
                    o_.draft_adaptive ? "adaptive" : "fixed", o_.draft_p_min,
                    o_.draft_max_streams > 0
                        ? fmt::format("while at most {} requests decode", o_.draft_max_streams)
-                       : std::string("in any batch"));
+                       : std::string("in any batch"),
+                   o_.draft_lookup > 0
+                       ? fmt::format(", up to {} prompt-lookup drafts", o_.draft_lookup)
+                       : std::string());
     }
     if (o_.residency) {
       residency_ = ServerResidency::hold(*model_, o_.residency_budget, o_.residency_device_budget,
@@ -292,8 +296,16 @@ class Service {
         "# TYPE tensorfold_draft_tokens_total counter\ntensorfold_draft_tokens_total {}\n"
         "# HELP tensorfold_draft_accepted_tokens_total Draft tokens the target agreed with.\n"
         "# TYPE tensorfold_draft_accepted_tokens_total counter\n"
-        "tensorfold_draft_accepted_tokens_total {}\n",
-        engine_ && engine_->drafting() ? 1 : 0, s.draft_steps, s.drafted_tokens, s.accepted_tokens);
+        "tensorfold_draft_accepted_tokens_total {}\n"
+        "# HELP tensorfold_draft_lookup_tokens_total Of the draft tokens, those from prompt "
+        "lookup.\n"
+        "# TYPE tensorfold_draft_lookup_tokens_total counter\n"
+        "tensorfold_draft_lookup_tokens_total {}\n"
+        "# HELP tensorfold_draft_lookup_accepted_tokens_total Prompt-lookup drafts accepted.\n"
+        "# TYPE tensorfold_draft_lookup_accepted_tokens_total counter\n"
+        "tensorfold_draft_lookup_accepted_tokens_total {}\n",
+        engine_ && engine_->drafting() ? 1 : 0, s.draft_steps, s.drafted_tokens, s.accepted_tokens,
+        s.lookup_tokens, s.lookup_accepted);
     const StatePoolStats& p = s.pool;
     out += fmt::format(
         "# HELP tensorfold_state_cache_hits_total Requests resumed from a kept state.\n"

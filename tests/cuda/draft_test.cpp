@@ -230,9 +230,10 @@ TEST_F(DraftOnDevice, DraftedGreedyEqualsPlain) {
   EXPECT_LT(accepted, drafted) << "some drafts must be rejected, or rollback went untested";
 }
 
-// The engine on the device with drafting (fixed k = 3) and the kept-state pool: chats whose turns
-// resume from kept states, run beside other requests, give the tokens and logits rows of the same
-// requests run alone without drafting or pool.
+// The engine on the device with drafting (fixed k = 3, prompt lookup up to 6) and the kept-state
+// pool: chats whose turns resume from kept states, run beside another request (a prompt that
+// repeats itself, so prompt lookup drafts), give the tokens and logits rows of the same requests
+// run alone without drafting or pool.
 TEST_F(DraftOnDevice, EngineDraftedEqualsPlain) {
   std::mt19937 rng(11);
   EngineOptions o;
@@ -241,6 +242,7 @@ TEST_F(DraftOnDevice, EngineDraftedEqualsPlain) {
   o.draft_max = 3;
   o.draft_max_streams = 0;  // draft while other requests decode too
   o.draft_adaptive = false;
+  o.draft_lookup = 6;
   Engine engine(*gpu_, o);
   ASSERT_TRUE(engine.drafting());
   EngineOptions lone;
@@ -259,7 +261,9 @@ TEST_F(DraftOnDevice, EngineDraftedEqualsPlain) {
       reqs.push_back(r);
     }
     GenerationRequest other;
-    other.prompt = tokens(1 + static_cast<int>(rng() % 100), 900 + turn);
+    const auto piece = tokens(2 + static_cast<int>(rng() % 30), 900 + turn);
+    for (int rep = 0; rep < 3; ++rep)
+      other.prompt.insert(other.prompt.end(), piece.begin(), piece.end());
     other.max_tokens = 16;
     reqs.push_back(other);
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -289,6 +293,8 @@ TEST_F(DraftOnDevice, EngineDraftedEqualsPlain) {
   const EngineStats st = engine.stats();
   EXPECT_GT(st.accepted_tokens, 0u);
   EXPECT_LT(st.accepted_tokens, st.drafted_tokens);
+  EXPECT_GT(st.lookup_tokens, 0u);
+  EXPECT_LE(st.lookup_accepted, st.lookup_tokens);
   EXPECT_GT(st.pool.hits, 0u);
 }
 

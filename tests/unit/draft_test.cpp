@@ -2,7 +2,8 @@
 // checkpoint with an MTP head (drafts rarely accepted: the rejection path) and models/tiny-next
 // (trained head: copy prompts accept almost every draft, so stops and limits fall mid-acceptance).
 // Every equality is bitwise (tokens, and the logits each token was sampled from):
-//   - drafted == plain, alone, for k = 1..4, fixed or adaptive depth, with a confidence gate;
+//   - drafted == plain, alone, for k = 1..4, fixed or adaptive depth, with a confidence gate, and
+//     with prompt-lookup drafts;
 //   - the state after every decode step (accepted or rejected drafts) == the state plain decoding
 //     has at the same position, every buffer;
 //   - random mixes of drafting and plain requests, greedy and seeded sampling, prompts sharing
@@ -200,6 +201,39 @@ TEST_P(DraftEngineTest, DraftedEqualsPlainAlone) {
   }
 }
 
+// Prompt-lookup drafts (EngineOptions::draft_lookup) with and without the MTP head's, fixed and
+// adaptive: drafted == plain; lookup drafts were verified, and on tiny-next's copy prompts (the
+// reply repeats the prompt) most were accepted. Checked to fail with lookup_drafts returning the
+// matched n-gram itself instead of what follows it (acceptance ~0: the assertion on it fails;
+// the tokens stay equal, as they must for any drafts).
+TEST_P(DraftEngineTest, LookupDraftsEqualPlain) {
+  std::mt19937 rng(3);
+  for (int P : {20, 70}) {
+    GenerationRequest r;
+    r.prompt = prompt(rng, P);
+    r.max_tokens = 40;
+    const Out want = plain(r);
+    for (int k : {1, 3}) {
+      for (bool adaptive : {false, true}) {
+        EngineOptions o;
+        o.draft_max = k;
+        o.draft_adaptive = adaptive;
+        o.draft_lookup = 8;
+        o.threads = 1 + k % 2;
+        EngineStats st;
+        const Out got = run({r}, o, &st)[0];
+        ASSERT_TRUE(same_out(got, want)) << "P " << P << " k " << k << " adaptive " << adaptive;
+        EXPECT_LE(st.lookup_accepted, st.lookup_tokens);
+        EXPECT_LE(st.lookup_tokens, st.drafted_tokens);
+        if (tiny() && !adaptive) {
+          EXPECT_GT(st.lookup_tokens, 0u) << "P " << P << " k " << k;
+          EXPECT_GT(st.lookup_accepted * 2, st.lookup_tokens) << "P " << P << " k " << k;
+        }
+      }
+    }
+  }
+}
+
 // The state after every decode step of a drafted request (whatever was accepted or rejected)
 // equals, buffer for buffer, the state of the same request decoded without drafts when it had
 // the same length. (Both engines keep the MTP head's state; draft: false is the plain run.)
@@ -284,6 +318,7 @@ TEST_P(DraftEngineTest, RandomMixesEqualPlainAlone) {
     o.draft_max = std::uniform_int_distribution<int>(1, 4)(rng);
     o.draft_max_streams = 0;  // draft while other requests decode too
     o.draft_adaptive = rng() % 2;
+    o.draft_lookup = trial % 2 ? 6 : 0;
     EngineStats st;
     const std::vector<Out> got = run(reqs, o, &st, &rng);
     accepted += st.accepted_tokens;

@@ -1,0 +1,26 @@
+// Prompt-lookup drafts (as vLLM's "ngram" speculator and llama.cpp's lookup decoding, after
+// Saxena's prompt lookup decoding): when the last n tokens of a sequence occurred earlier in it,
+// the tokens that followed that occurrence are a free guess at what comes next. A reply that copies
+// or quotes its prompt (code edits, extraction, summaries that repeat names) drafts long runs this
+// way without running any drafter; the target's verify step decides, so the tokens never change.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace tf {
+
+// n-gram lengths tried, longest first.
+inline constexpr int kLookupMinN = 2, kLookupMaxN = 4;
+
+// The context is `head` followed by `tail` (a prompt and the reply so far, whose last token is the
+// next one fed). For n = max_n down to min_n: the most recent earlier occurrence of the context's
+// last n tokens (not the suffix itself) followed by at least one token; returns `max_tokens` of
+// the tokens after it, the context repeating itself past its end (after "5 6 5 6" the drafts are
+// "5 6 5 6 .."), or nothing when no n matches.
+std::vector<int32_t> lookup_drafts(std::span<const int32_t> head, std::span<const int32_t> tail,
+                                   int max_tokens, int min_n = kLookupMinN,
+                                   int max_n = kLookupMaxN);
+
+}  // namespace tf
