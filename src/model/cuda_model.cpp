@@ -599,7 +599,8 @@ constexpr int64_t kMaxGraphSync = 32;
 constexpr size_t kDeviceSyncRows = 256;
 // MoE steps of up to this many tokens read each slot's expert (expert_gate_up / expert_down);
 // larger ones group the slots by expert (grouped_experts), reading each expert once per 8 slots.
-constexpr int64_t kSlotTokens = 8;
+// 16 covers the verify steps of deep prompt-lookup drafts.
+constexpr int64_t kSlotTokens = 16;
 // Steps of up to this many tokens run a Gated DeltaNet layer's prep in one kernel (gdn_prep);
 // longer ones (prompts) in three, whose norms run over all rows at once (the same bits).
 constexpr int64_t kPrepTokens = 64;

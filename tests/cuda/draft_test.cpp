@@ -109,7 +109,7 @@ class DraftOnDevice : public testing::TinyNextOnDevice {
 TEST_F(DraftOnDevice, RollbackEqualsPlainState) {
   for (int P : {3, 64, 65}) {
     const auto prompt = tokens(P, 300 + P);
-    const int k = 5;
+    const int k = 12;  // verify steps of 2-13 tokens: one-token product blocks and slot experts
     const auto feed = tokens(k + 1, 400 + P);
     const auto more = tokens(3, 500 + P);
     for (int j = 1; j <= k + 1; ++j) {

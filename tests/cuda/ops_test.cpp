@@ -317,30 +317,33 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& f) {
   return b;
 }
 
-// Matmul over 20 rows (three token tiles of 8): every row equals that row alone, bit for bit.
+// Matmul over 13 and 20 rows (one-token blocks; three token tiles of 8): every row equals that row
+// alone, bit for bit.
 // One-token products keep 4 chunks of 4 rows per warp in flight, tiles 2: a row must have the same
 // bits in both.
 TEST_F(CudaOps, MatmulTilesAreBatchInvariant) {
-  const int64_t n = 20;
-  // cols: 8 full 256-chunks plus a ragged tail; 16 plus a tail (two rounds of 8 chunks).
-  for (const auto& [rows, cols] :
-       {std::pair<int64_t, int64_t>{333, 2056}, {333, 4104}, {4100, 2056}}) {
-    const auto w = to_bf16(randn(rows * cols, 30));
-    const auto x = randn(n * cols, 31);
-    Dev<uint16_t> dw(w);
-    Dev<float> dx(x), dy(n * rows);
-    cuda::matmul(DType::kBF16, dw.p, rows, cols, dx.p, n, dy.p, nullptr);
-    const auto y = dy.host();
-    std::vector<float> ref(n * rows);
-    cpu::matmul(cpu::Mat{DType::kBF16, w.data(), rows, cols}, x.data(), n, ref.data(), nullptr);
-    EXPECT_LT(rel_l2(y, ref), 1e-6) << rows << " x " << cols;
-    for (int64_t t : {0, 7, 8, 13, 19}) {
-      Dev<float> dx1(std::vector<float>(x.begin() + t * cols, x.begin() + (t + 1) * cols)),
-          dy1(rows);
-      cuda::matmul(DType::kBF16, dw.p, rows, cols, dx1.p, 1, dy1.p, nullptr);
-      const auto y1 = dy1.host();
-      EXPECT_EQ(std::memcmp(y1.data(), y.data() + t * rows, rows * sizeof(float)), 0)
-          << rows << " x " << cols << ", row " << t;
+  // n = 13: one-token blocks side by side (up to 16 tokens); 20: tiles of 8 tokens per warp.
+  for (const int64_t n : {13, 20}) {
+    // cols: 8 full 256-chunks plus a ragged tail; 16 plus a tail (two rounds of 8 chunks).
+    for (const auto& [rows, cols] :
+         {std::pair<int64_t, int64_t>{333, 2056}, {333, 4104}, {4100, 2056}}) {
+      const auto w = to_bf16(randn(rows * cols, 30));
+      const auto x = randn(n * cols, 31);
+      Dev<uint16_t> dw(w);
+      Dev<float> dx(x), dy(n * rows);
+      cuda::matmul(DType::kBF16, dw.p, rows, cols, dx.p, n, dy.p, nullptr);
+      const auto y = dy.host();
+      std::vector<float> ref(n * rows);
+      cpu::matmul(cpu::Mat{DType::kBF16, w.data(), rows, cols}, x.data(), n, ref.data(), nullptr);
+      EXPECT_LT(rel_l2(y, ref), 1e-6) << rows << " x " << cols;
+      for (int64_t t : {int64_t{0}, int64_t{7}, int64_t{8}, n - 1}) {
+        Dev<float> dx1(std::vector<float>(x.begin() + t * cols, x.begin() + (t + 1) * cols)),
+            dy1(rows);
+        cuda::matmul(DType::kBF16, dw.p, rows, cols, dx1.p, 1, dy1.p, nullptr);
+        const auto y1 = dy1.host();
+        EXPECT_EQ(std::memcmp(y1.data(), y.data() + t * rows, rows * sizeof(float)), 0)
+            << n << " tokens, " << rows << " x " << cols << ", row " << t;
+      }
     }
   }
 }

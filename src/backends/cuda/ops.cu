@@ -167,8 +167,10 @@ struct Raw8<float> {
 // SM), kTokTile otherwise.
 constexpr int kWarpsPerBlock = 8;
 constexpr int kTokTile = 8;
-// bf16 products of 2 .. kTokBlocks tokens: one-token blocks side by side (matmul, kTokX).
-constexpr int64_t kTokBlocks = 8;
+// bf16 products of 2 .. kTokBlocks tokens: one-token blocks side by side (matmul, kTokX). 16, not
+// 8: verify steps of prompt-lookup drafts run 9-16 tokens (tiny-next's verify of 9 tokens took
+// 3.07x a decode step in tiles, against 1.42x for 5).
+constexpr int64_t kTokBlocks = 16;
 constexpr int kMatRows = 4;
 // The calling warp's dots of nr weight rows wrow(q) [cols] with the nt token rows xrow(u) [cols]
 // (matmul_kernel's arithmetic), into acc[q][u] (lane sums, before the xor tree). wrow, xrow:
