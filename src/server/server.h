@@ -29,7 +29,7 @@ struct ServerOptions {
   float draft_p_min = 0.0f;
   bool draft_adaptive = true;
   int draft_max_streams = 1;                // EngineOptions::draft_max_streams
-  int draft_lookup = 0;                     // EngineOptions::draft_lookup
+  int draft_lookup = 12;                    // EngineOptions::draft_lookup (with --draft-max)
   int http_threads = 64;                    // connections served at once
   size_t max_body_bytes = 8 << 20;          // larger bodies get 413
   bool enable_thinking = true;              // default of chat_template_kwargs.enable_thinking
