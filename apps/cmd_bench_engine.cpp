@@ -49,6 +49,7 @@ struct Options {
   float draft_p_min = 0.0f;
   int draft_max_streams = 1;
   int draft_lookup = 0;
+  bool draft_warm = false;
   std::vector<int> draft_streams = {1, 4};
   int draft_gen = 160;
   bool draft_only = false;        // skip 1 and 2
@@ -231,9 +232,11 @@ bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
   bool same = true;
   if (!o.json) {
     std::printf(
-        "drafting, up to %d drafts (%s, p_min %.2f), greedy, replies up to %d tokens, "
-        "best of %d; 8 prompts per kind, N at a time, tokens/s = generated / wall time:\n",
-        o.draft, o.draft_fixed ? "fixed" : "adaptive", o.draft_p_min, o.draft_gen, o.reps);
+        "drafting, up to %d drafts (%s, p_min %.2f, prompt lookup up to %d), greedy, replies up "
+        "to %d tokens, best of %d%s; 8 prompts per kind, N at a time, tokens/s = generated / "
+        "wall time:\n",
+        o.draft, o.draft_fixed ? "fixed" : "adaptive", o.draft_p_min, o.draft_lookup, o.draft_gen,
+        o.reps, o.draft_warm ? " on one engine per kind (warm)" : " (a fresh engine per run)");
   }
   for (const auto& [kind, prompts] : sets) {
     for (int n : o.draft_streams) {
@@ -244,6 +247,7 @@ bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
       dc.p_min = o.draft_p_min;
       dc.max_streams = o.draft_max_streams;
       dc.lookup = o.draft_lookup;
+      dc.warm = o.draft_warm;
       dc.max_tokens = o.draft_gen;
       dc.reps = o.reps;
       dc.threads = o.threads;
@@ -379,6 +383,9 @@ void add_bench_engine(CLI::App& app) {
                   "Prompt-lookup drafts per step at most, besides the MTP head's (0 = off)")
       ->capture_default_str()
       ->check(CLI::Range(0, 32));
+  cmd->add_flag("--draft-warm", o->draft_warm,
+                "One engine per kind for every rep (a server's steady state; default: a fresh "
+                "engine per run)");
   cmd->add_option("--draft-streams", o->draft_streams, "Stream counts for the drafting comparison")
       ->capture_default_str()
       ->delimiter(',')

@@ -15,7 +15,8 @@
 // --profile: one plain step, one verify step of K + 1 tokens and one draft(K) between
 // cudaProfilerStart and Stop, for `ncu --profile-from-start off`; --draft-max-streams N, default 1:
 // EngineOptions::draft_max_streams; --draft-reps N: the engine comparison's best of N, default 3;
-// --draft-lookup N: EngineOptions::draft_lookup).
+// --draft-lookup N: EngineOptions::draft_lookup; --draft-warm: one engine per kind for every rep,
+// DraftCompareOptions::warm).
 // Bytes per decode step: every non-expert weight of the layers once, the lm_head once, one
 // embedding row per row, and per MoE layer the distinct routed experts of the step (k at batch 1;
 // at batch B the expected number under uniform routing, E (1 - (1 - k/E)^B)); plus per sequence
@@ -433,7 +434,7 @@ void draft_cost_table(CudaModel& m, int prompt, int iters, int profile_k, std::m
 // on the CPU), on the chat prompts of bench/draft_prompts.json (token ids written by `tensorfold
 // bench-engine --draft 3 --draft-only --draft-prompts-out FILE`). 1 if the tokens differ.
 int draft_table(Model& model, int k, bool adaptive, int max_streams, int reps, int lookup,
-                const std::string& file, const std::vector<int>& streams) {
+                bool warm, const std::string& file, const std::vector<int>& streams) {
   if (!model.on_device())
     if (Status st = model.use_cuda(); !st.is_ok()) {
       std::fprintf(stderr, "cuda_bench: %s\n", st.to_string().c_str());
@@ -448,9 +449,10 @@ int draft_table(Model& model, int k, bool adaptive, int max_streams, int reps, i
   const auto stops = j.at("stops").get<std::vector<int32_t>>();
   std::printf(
       "\ndrafting (engine, --device cuda), up to %d drafts (%s, while at most %d requests "
-      "decode; 0: any; prompt lookup up to %d), greedy, replies up to 160 tokens, best of %d; 8 "
+      "decode; 0: any; prompt lookup up to %d), greedy, replies up to 160 tokens, best of %d%s; 8 "
       "prompts per kind, N at a time:\n",
-      k, adaptive ? "adaptive" : "fixed", max_streams, lookup, reps);
+      k, adaptive ? "adaptive" : "fixed", max_streams, lookup, reps,
+      warm ? " on one engine per kind (warm)" : " (a fresh engine per run)");
   bool same = true;
   for (const auto& [kind, prompts] : j.at("prompts").items()) {
     for (int n : streams) {
@@ -461,6 +463,7 @@ int draft_table(Model& model, int k, bool adaptive, int max_streams, int reps, i
       o.max_streams = max_streams;
       o.reps = reps;
       o.lookup = lookup;
+      o.warm = warm;
       o.threads = 1;
       const DraftComparison c =
           compare_drafting(model, prompts.get<std::vector<std::vector<int32_t>>>(), stops, o);
@@ -490,6 +493,7 @@ int run(int argc, char** argv) {
   int draft_max_streams = 1;
   int draft_reps = 3;
   int draft_lookup = 0;
+  bool draft_warm = false;
   std::string draft_prompts = "bench/draft_prompts.json";
   std::vector<int> draft_streams = {1, 4};
   for (int i = 1; i < argc; ++i) {
@@ -527,6 +531,8 @@ int run(int argc, char** argv) {
       draft_fixed = true;
     else if (a == "--draft-max-streams")
       draft_max_streams = std::atoi(next().c_str());
+    else if (a == "--draft-warm")
+      draft_warm = true;
     else if (a == "--draft-lookup")
       draft_lookup = std::max(0, std::atoi(next().c_str()));
     else if (a == "--draft-reps")
@@ -544,7 +550,7 @@ int run(int argc, char** argv) {
           "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
           "[--kernels] [--engine] [--draft K [--draft-fixed] [--draft-prompts JSON] "
           "[--draft-streams 1,4] [--draft-max-streams 1] [--draft-reps 3] [--draft-lookup N] "
-          "[--profile]]\n");
+          "[--draft-warm] [--profile]]\n");
       return 2;
     }
   }
@@ -686,7 +692,7 @@ int run(int argc, char** argv) {
   }
   if (draft > 0 && host)
     return draft_table(*host, draft, !draft_fixed, draft_max_streams, draft_reps, draft_lookup,
-                       draft_prompts, draft_streams);
+                       draft_warm, draft_prompts, draft_streams);
   return 0;
 }
 

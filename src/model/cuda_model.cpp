@@ -593,10 +593,6 @@ namespace {
 constexpr size_t kMaxGraphVerify = 17;
 // mtp_sync()s of up to this many rows (what a few streams' verify steps leave) replay CUDA graphs.
 constexpr int64_t kMaxGraphSync = 32;
-// A step syncs a state's MTP head once this many rows are due. Higher than the CPU's kMtpSyncRows:
-// a request that never drafts (prose under the adaptive policy, a batch above the gate) should
-// not pay for the head's rows of its prompt; the held H rows cost H floats each meanwhile.
-constexpr size_t kDeviceSyncRows = 256;
 // MoE steps of up to this many tokens read each slot's expert (expert_gate_up / expert_down);
 // larger ones group the slots by expert (grouped_experts), reading each expert once per 8 slots.
 // 16 covers the verify steps of deep prompt-lookup drafts.
@@ -887,11 +883,11 @@ int64_t CudaModel::step(std::span<const CudaStepInput> in) {
     run_graph({0, N, nseq, R, mtp}, run);
   else
     run();
-  // The head's rows of states with kDeviceSyncRows or more due (never inside a verify window,
-  // whose rejected tokens would leave rows behind).
+  // The head's rows of states with kMtpSyncRows or more due (never inside a verify window, whose
+  // rejected tokens would leave rows behind).
   std::vector<CudaSequenceState*> due;
   for (const auto& i : in)
-    if (i.state->has_mtp && !i.verify && i.state->mtp_tokens.size() >= kDeviceSyncRows)
+    if (i.state->has_mtp && !i.verify && i.state->mtp_tokens.size() >= kMtpSyncRows)
       due.push_back(i.state);
   if (!due.empty()) mtp_sync(due);
   return R;

@@ -105,7 +105,8 @@ struct CudaSequenceState final : DeviceState {
 
   // The MTP head's state when `has_mtp`, kept as the CPU keeps it (SequenceState::mtp_kv): the
   // head's cache rows are computed in batches (CudaModel::mtp_sync: by draft(), and by a step once
-  // 256 are due), so a step of a request that may draft only stores its tokens' H (one kernel).
+  // kMtpSyncRows are due), so a step of a request that may draft only stores its tokens' H (one
+  // kernel).
   // With R = mtp_rows:
   //   mtp.k / mtp.v: rows < R valid, R <= n_past - 1, each as the head's own forward writes it;
   //   mtp_hidden: row hidden_base + i = H[R + i] for i < n_past - R (the last waits for x[n_past]);

@@ -24,7 +24,9 @@ namespace tf {
 // Prompts run the chunked delta rule in chunks that end at absolute multiples of this (§5).
 inline constexpr int64_t kDeltaChunk = 64;
 // forward computes the MTP head's pending cache rows of a state once this many are due.
-inline constexpr size_t kMtpSyncRows = 64;
+// 256, not fewer: a request that never drafts (prose under the adaptive policy, a batch above the
+// gate) should not pay for the head's rows of its prompt; the held rows cost H floats each.
+inline constexpr size_t kMtpSyncRows = 256;
 
 // A sequence's state on a device (Model::use_cuda; model/cuda_model.h), behind an interface so
 // that this header does not depend on the device's types.
@@ -76,8 +78,8 @@ struct SequenceState {
 
   // The MTP head's state (qwen3-next.md §6), kept only when `has_mtp` (Model::new_state(.., true)).
   // Row p of the head's cache is computed from (H[p], x[p+1]); forward collects those pairs and the
-  // rows are computed in batches (Model::mtp_sync: by draft(), and by forward once 64 are due), so
-  // that plain steps pay almost nothing for keeping the head ready. With R = mtp_kv rows:
+  // rows are computed in batches (Model::mtp_sync: by draft(), and by forward once kMtpSyncRows are
+  // due), so that plain steps pay almost nothing for keeping the head ready. With R = mtp_kv rows:
   //   mtp_kv: [R, n_kv, D], R <= n_past - 1, each row exactly as the head's own forward writes it;
   //   mtp_hidden: [n_past - R, H] = H[R .. n_past - 1] (the last row waits for x[n_past]);
   //   mtp_tokens: [n_past - 1 - R] = x[R + 1 .. n_past - 1].
@@ -252,7 +254,7 @@ class Model {
   void deltanet_layer(const LayerWeights& L, int64_t li, std::span<const StepInput> in,
                       const float* xn, float* y, ThreadPool* pool) const;
   // Appends a step's final normed hidden states h [N, H] and tokens to the MTP head's pending
-  // rows (SequenceState::mtp_hidden, mtp_tokens); syncs states with 64 or more due.
+  // rows (SequenceState::mtp_hidden, mtp_tokens); syncs states with kMtpSyncRows or more due.
   void mtp_collect(std::span<const StepInput> inputs, std::span<const int64_t> n0, const float* h,
                    ThreadPool* pool) const;
   // The head's fc input per row r: [rmsnorm(embed(toks[r])) | rmsnorm(hidden[r])], u: [n, 2H].

@@ -27,11 +27,10 @@ struct Run {
   EngineStats stats;
 };
 
-Run run_once(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
-             const std::vector<int32_t>& stops, const DraftCompareOptions& o, int draft_max) {
+EngineOptions engine_options(const DraftCompareOptions& o, int draft_max, size_t n_prompts) {
   EngineOptions eo;
   eo.scheduler.max_running = o.streams;
-  eo.scheduler.max_queue = static_cast<int>(prompts.size());
+  eo.scheduler.max_queue = static_cast<int>(n_prompts);
   eo.threads = o.threads;
   eo.state_cache_bytes = 0;
   eo.draft_max = draft_max;
@@ -39,32 +38,48 @@ Run run_once(const Model& model, const std::vector<std::vector<int32_t>>& prompt
   eo.draft_p_min = o.p_min;
   eo.draft_max_streams = o.max_streams;
   eo.draft_lookup = draft_max > 0 ? o.lookup : 0;
+  return eo;
+}
+
+// The drafting counters of `b` minus those of `a` (one run on an engine that ran before).
+EngineStats drafting_delta(const EngineStats& a, const EngineStats& b) {
+  EngineStats d = b;
+  d.draft_steps -= a.draft_steps;
+  d.drafted_tokens -= a.drafted_tokens;
+  d.accepted_tokens -= a.accepted_tokens;
+  d.lookup_tokens -= a.lookup_tokens;
+  d.lookup_accepted -= a.lookup_accepted;
+  return d;
+}
+
+// Every prompt through `engine` (o.streams at a time); tokens/s from the first submit to the last
+// reply's last token.
+Run run_once(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+             const std::vector<int32_t>& stops, const DraftCompareOptions& o) {
   Run res;
   std::vector<std::unique_ptr<Reply>> replies;
+  const EngineStats before = engine.stats();
   const auto t0 = Clock::now();
-  {
-    Engine engine(model, eo);
-    for (const auto& p : prompts) {
-      replies.push_back(std::make_unique<Reply>());
-      GenerationRequest r;
-      r.prompt = p;
-      r.max_tokens = o.max_tokens;
-      r.stop_tokens = stops;
-      Reply* rp = replies.back().get();
-      r.on_event = [rp](const TokenEvent& e) {
-        std::lock_guard<std::mutex> lock(rp->mu);
-        if (e.token >= 0) rp->ids.push_back(e.token), rp->last = Clock::now();
-        rp->done = rp->done || e.done;
-        rp->cv.notify_all();
-      };
-      if (!engine.submit(std::move(r)).is_ok()) return res;
-    }
-    for (auto& rp : replies) {
-      std::unique_lock<std::mutex> lock(rp->mu);
-      rp->cv.wait(lock, [&] { return rp->done; });
-    }
-    res.stats = engine.stats();
+  for (const auto& p : prompts) {
+    replies.push_back(std::make_unique<Reply>());
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = o.max_tokens;
+    r.stop_tokens = stops;
+    Reply* rp = replies.back().get();
+    r.on_event = [rp](const TokenEvent& e) {
+      std::lock_guard<std::mutex> lock(rp->mu);
+      if (e.token >= 0) rp->ids.push_back(e.token), rp->last = Clock::now();
+      rp->done = rp->done || e.done;
+      rp->cv.notify_all();
+    };
+    if (!engine.submit(std::move(r)).is_ok()) return res;
   }
+  for (auto& rp : replies) {
+    std::unique_lock<std::mutex> lock(rp->mu);
+    rp->cv.wait(lock, [&] { return rp->done; });
+  }
+  res.stats = drafting_delta(before, engine.stats());
   int64_t count = 0;
   Clock::time_point end = t0;
   for (auto& rp : replies) {
@@ -84,9 +99,24 @@ DraftComparison compare_drafting(const Model& model,
                                  const std::vector<int32_t>& stops, const DraftCompareOptions& o) {
   DraftComparison c;
   Run plain, drafted;
+  const EngineOptions po = engine_options(o, 0, prompts.size());
+  const EngineOptions dro = engine_options(o, o.draft_max, prompts.size());
+  std::unique_ptr<Engine> warm_plain, warm_drafted;  // o.warm: one engine of each for every rep
+  if (o.warm) {
+    warm_plain = std::make_unique<Engine>(model, po);
+    warm_drafted = std::make_unique<Engine>(model, dro);
+  }
   for (int rep = 0; rep < o.reps; ++rep) {
-    Run p = run_once(model, prompts, stops, o, 0);
-    Run d = run_once(model, prompts, stops, o, o.draft_max);
+    Run p, d;
+    if (o.warm) {
+      p = run_once(*warm_plain, prompts, stops, o);
+      d = run_once(*warm_drafted, prompts, stops, o);
+    } else {
+      Engine pe(model, po);
+      p = run_once(pe, prompts, stops, o);
+      Engine de(model, dro);
+      d = run_once(de, prompts, stops, o);
+    }
     c.same_tokens = c.same_tokens && p.replies == d.replies;
     if (p.tokens_per_s > plain.tokens_per_s) plain = std::move(p);
     if (d.tokens_per_s > drafted.tokens_per_s) drafted = std::move(d);

@@ -24,6 +24,10 @@ struct DraftCompareOptions {
   int max_tokens = 160;  // reply cap
   int reps = 3;          // best of
   int threads = 0;       // engine worker threads (0: all cores)
+  // One engine of each kind for all reps (a server's steady state: the drafting policy's prior
+  // carries over from the reps before); false: a fresh engine per run (every run pays for the
+  // policy's first tries).
+  bool warm = false;
 };
 
 struct DraftComparison {
@@ -43,9 +47,10 @@ struct DraftComparison {
   }
 };
 
-// Runs `prompts` o.reps times plain and drafted (alternating), each run on a fresh engine with the
-// kept-state pool off. tokens/s = tokens generated / wall time from the first submit to the last
-// reply's last token (prefill included, the same work either way).
+// Runs `prompts` o.reps times plain and drafted (alternating), each run on a fresh engine (or, with
+// o.warm, on one engine of each kind) with the kept-state pool off. tokens/s = tokens generated /
+// wall time from the first submit to the last reply's last token (prefill included, the same work
+// either way).
 DraftComparison compare_drafting(const Model& model,
                                  const std::vector<std::vector<int32_t>>& prompts,
                                  const std::vector<int32_t>& stops, const DraftCompareOptions& o);

@@ -211,7 +211,12 @@ void Engine::admit(const std::vector<uint64_t>& ids) {
     // once by the first requests), so short replies do not each pay for trying every k.
     if (mtp_ && a.req.draft) {
       a.policy.emplace(prior_);
-      if (o_.draft_lookup > 0) a.lookup.emplace(lookup_prior_), a.lookup_depth = o_.draft_lookup;
+      a.policy->defer_probe();
+      if (o_.draft_lookup > 0) {
+        a.lookup.emplace(lookup_prior_);
+        a.lookup->defer_probe();
+        a.lookup_depth = o_.draft_lookup;
+      }
     }
     if (a.n_cached == 0) {
       a.state = model_.new_state(o_.buffers, mtp_);

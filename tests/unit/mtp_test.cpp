@@ -297,6 +297,22 @@ TEST(MtpPolicy, PicksTheCheapestKAndProbes) {
   EXPECT_EQ(q.next(), 0);
 }
 
+// A request's policy starts as a copy of the engine's prior, which only observes (so a probe is
+// always due in it): after defer_probe the copy keeps to the best k for probe_every steps.
+// Checked to fail without the defer_probe call (the copy probes at its first step).
+TEST(MtpPolicy, CopiesOfThePriorDoNotProbeAtOnce) {
+  DraftPolicy prior(2, 8);
+  for (int i = 0; i < 60; ++i) prior.observe(i % 3, 1, i % 3 == 0 ? 1.0 : 2.0);  // k = 0 cheapest
+  DraftPolicy req = prior;
+  req.defer_probe();
+  for (int i = 0; i < 8; ++i) {
+    const int k = req.next();
+    ASSERT_EQ(k, 0) << "step " << i;
+    req.observe(k, 1, 1.0);
+  }
+  EXPECT_NE(req.next(), 0);  // then the probe
+}
+
 // --- An independent plain-C++ MTP head (scalar loops, double accumulation), for the formulas ---
 
 std::vector<double> row_of(const cpu::Mat& w, int64_t r) {
