@@ -306,7 +306,6 @@ void Engine::step() {
   }
   std::vector<float> logits;
   model_.forward(inputs, &logits, &pool_);
-  const double cost = mtp_ ? policy_clock(model_) - c0 : 0.0;
 
   // Commit: keep states at cut points; sample where a row ends a prompt or decodes (every verify
   // row, up to the first rejected draft); emit; finish; then advance the scheduler by what was
@@ -315,8 +314,29 @@ void Engine::step() {
   size_t row = 0;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const size_t n = inputs[i].verify ? inputs[i].tokens.size() : 1;
-    commit_row(plan.rows[i], std::span<const float>(&logits[row * V], n * V), cost);
+    commit_row(plan.rows[i], std::span<const float>(&logits[row * V], n * V));
     row += n;
+  }
+  // The policies learn the step's whole cost: drafting, the forward and the commit (sampling the
+  // verify rows, the rollback), which a verify step makes dearer than a plain one.
+  if (!observed_.empty()) {
+    const double cost = policy_clock(model_) - c0;
+    for (const Observed& ob : observed_) {
+      auto it = active_.find(ob.seq);
+      Active* a = it != active_.end() ? it->second.get() : nullptr;
+      if (ob.lookup) {
+        if (a) a->lookup->observe(1, ob.emitted, cost);
+        lookup_prior_.observe(1, ob.emitted, cost);
+        continue;
+      }
+      if (a) a->policy->observe(ob.k, ob.emitted, cost);
+      prior_.observe(ob.k, ob.emitted, cost);
+      if (ob.lookup_matched) {
+        if (a) a->lookup->observe(0, ob.emitted, cost);
+        lookup_prior_.observe(0, ob.emitted, cost);
+      }
+    }
+    observed_.clear();
   }
   std::lock_guard<std::mutex> lock(mu_);
   sched_.commit(plan);
@@ -351,9 +371,9 @@ bool Engine::cancel_pending(uint64_t id) const {
   return std::find(cancels_.begin(), cancels_.end(), id) != cancels_.end();
 }
 
-void Engine::commit_row(StepRow& r, std::span<const float> logits, double step_cost) {
+void Engine::commit_row(StepRow& r, std::span<const float> logits) {
   if (r.decode) {
-    commit_decode(r, logits, step_cost);
+    commit_decode(r, logits);
     return;
   }
   Active& a = *active_.at(r.seq);
@@ -380,7 +400,7 @@ void Engine::commit_row(StepRow& r, std::span<const float> logits, double step_c
   take(r.seq, a, a.sampler.sample(logits), logits, a.state.n_past);
 }
 
-void Engine::commit_decode(StepRow& r, std::span<const float> logits, double step_cost) {
+void Engine::commit_decode(StepRow& r, std::span<const float> logits) {
   Active& a = *active_.at(r.seq);
   const int64_t V = model_.config().vocab_size;
   const int64_t base = r.begin;  // n_past before the step; feed[i] sat at position base + i
@@ -422,19 +442,8 @@ void Engine::commit_decode(StepRow& r, std::span<const float> logits, double ste
     a.lookup_depth =
         i == j ? std::min(2 * a.lookup_depth, o_.draft_lookup) : std::max<int>(1, i + 1);
   }
-  if (a.policy && o_.draft_adaptive) {
-    if (lookup) {
-      a.lookup->observe(1, emitted, step_cost);
-      lookup_prior_.observe(1, emitted, step_cost);
-    } else {
-      a.policy->observe(k, emitted, step_cost);
-      prior_.observe(k, emitted, step_cost);
-      if (a.lookup_matched) {
-        a.lookup->observe(0, emitted, step_cost);
-        lookup_prior_.observe(0, emitted, step_cost);
-      }
-    }
-  }
+  if (a.policy && o_.draft_adaptive)
+    observed_.push_back(Observed{r.seq, k, emitted, lookup, a.lookup_matched && a.lookup});
   if (o_.on_decode_state) o_.on_decode_state(r.seq, a.state);
 }
 

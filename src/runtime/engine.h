@@ -171,9 +171,9 @@ class Engine {
   void loop();
   void step();
   void admit(const std::vector<uint64_t>& ids);
-  void commit_row(StepRow& r, std::span<const float> logits, double step_cost);
+  void commit_row(StepRow& r, std::span<const float> logits);
   // A decode row, plain or verify: logits [1 + j, V] for feed [last, d_1 .. d_j].
-  void commit_decode(StepRow& r, std::span<const float> logits, double step_cost);
+  void commit_decode(StepRow& r, std::span<const float> logits);
   bool cancel_pending(uint64_t id) const;  // cancel() was called for id since the step began
   int want_drafts(Active& a);  // k for the next decode row of a decoding request (asks its policy)
   // A token sampled from `logits` after which the state holds n_past positions (as plain decoding
@@ -199,6 +199,14 @@ class Engine {
   // starts as a copy of it.
   DraftPolicy prior_;
   DraftPolicy lookup_prior_;  // the same for the lookup-or-not choice
+  // This step's decode rows of adaptive requests, for their policies once the step's cost is known
+  // (engine thread only): k asked, tokens emitted, drafted by lookup, a lookup matched.
+  struct Observed {
+    uint64_t seq;
+    int k, emitted;
+    bool lookup, lookup_matched;
+  };
+  std::vector<Observed> observed_;
   uint64_t next_id_ = 1;
   bool stop_ = false;
   bool wake_ = false;  // guarded by mu_
