@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "runtime/lookup.h"
-
 namespace tf {
 
 const char* finish_reason_name(FinishReason r) {
@@ -55,8 +53,8 @@ void Engine::shutdown() {
 }
 
 std::unique_ptr<Engine::Active> Engine::make_active(GenerationRequest r) {
-  auto a = std::make_unique<Active>(
-      Active{std::move(r), {}, Sampler({}), {}, false, 0, 0, -1, {}, {}, 0, {}, {}, {}, false, 0});
+  auto a = std::make_unique<Active>(Active{
+      std::move(r), {}, Sampler({}), {}, false, 0, 0, -1, {}, {}, 0, {}, {}, {}, {}, false, 0});
   a->sampler = Sampler(a->req.sampling);
   return a;
 }
@@ -216,6 +214,7 @@ void Engine::admit(const std::vector<uint64_t>& ids) {
         a.lookup.emplace(lookup_prior_);
         a.lookup->defer_probe();
         a.lookup_depth = o_.draft_lookup;
+        a.lookup_index.append(p);
       }
     }
     if (a.n_cached == 0) {
@@ -352,8 +351,8 @@ int Engine::want_drafts(Active& a) {
   const int64_t ctx_room = o_.ctx_size - 2 - a.state.n_past;
   const int64_t limit = std::max<int64_t>(0, std::min(room - 1, ctx_room));
   if (a.lookup && limit > 0) {
-    std::vector<int32_t> d = lookup_drafts(
-        a.req.prompt, a.reply, static_cast<int>(std::min<int64_t>(a.lookup_depth, limit)));
+    std::vector<int32_t> d =
+        a.lookup_index.drafts(static_cast<int>(std::min<int64_t>(a.lookup_depth, limit)));
     if (!d.empty()) {
       a.lookup_matched = true;
       if (!o_.draft_adaptive || a.lookup->next() == 1) {
@@ -450,6 +449,7 @@ void Engine::commit_decode(StepRow& r, std::span<const float> logits) {
 bool Engine::take(uint64_t id, Active& a, int32_t tok, std::span<const float> logits,
                   int64_t n_past) {
   a.reply.push_back(tok);
+  if (a.lookup) a.lookup_index.append(tok);
   const auto& stops = a.req.stop_tokens;
   if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
     finish(id, FinishReason::kStop, -1);

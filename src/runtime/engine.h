@@ -43,6 +43,7 @@
 
 #include "model/model.h"
 #include "model/mtp.h"
+#include "runtime/lookup.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 #include "runtime/state_pool.h"
@@ -98,7 +99,7 @@ struct EngineOptions {
   // draft: where the context's last 2-4 tokens occurred before, the tokens that followed are
   // verified instead of asking the MTP head, at no drafting cost. Adaptive per request (a second
   // DraftPolicy: lookup or not, where a lookup matches, by measured cost per token); the depth
-  // halves to what was accepted after a rejection and doubles back on full acceptance.
+  // drops to what was accepted (+ 1) after a rejection and doubles back on full acceptance.
   int draft_lookup = 0;
   // For tests: called on the engine thread after each decode row's commit, with the request's id
   // and its state (verify window closed), while the request goes on; empty: none.
@@ -162,6 +163,7 @@ class Engine {
     // not (arm 0), this step's lookup drafts (empty: the MTP head drafts, if any), whether a lookup
     // matched this step, and the depth asked of the next lookup.
     std::optional<DraftPolicy> lookup;
+    LookupIndex lookup_index;  // prompt + reply, with lookup only
     std::vector<int32_t> lookup_drafts;
     bool lookup_matched = false;
     int lookup_depth = 0;

@@ -3,6 +3,8 @@
 // past the context's end as a repeat.
 #include "runtime/lookup.h"
 
+#include <random>
+
 #include <gtest/gtest.h>
 
 namespace tf {
@@ -31,6 +33,25 @@ TEST(Lookup, NothingWithoutAMatchOrRoom) {
   EXPECT_TRUE(lookup_drafts(V{4}, V{4}, 8).empty());  // one token repeats: below the minimum n
   // min_n 1: the single token matches.
   EXPECT_EQ(lookup_drafts(V{4, 7}, V{4}, 3, 1, 4), (V{7, 4, 7}));
+}
+
+// The index gives the scan's drafts after every token of random sequences over small alphabets
+// (many repeats, n-grams of every length matching), for several depths. Checked to fail with the
+// index keeping the first occurrence of an n-gram instead of the latest.
+TEST(Lookup, IndexEqualsTheScan) {
+  std::mt19937 rng(4);
+  for (int alphabet : {2, 3, 5, 40}) {
+    LookupIndex index;
+    std::vector<int32_t> seq;
+    for (int i = 0; i < 400; ++i) {
+      const int32_t t = static_cast<int32_t>(rng() % alphabet);
+      seq.push_back(t);
+      index.append(t);
+      for (int max_tokens : {1, 4, 12})
+        ASSERT_EQ(index.drafts(max_tokens), lookup_drafts({}, seq, max_tokens))
+            << "alphabet " << alphabet << " length " << seq.size() << " max " << max_tokens;
+    }
+  }
 }
 
 }  // namespace
