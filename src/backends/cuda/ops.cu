@@ -1574,6 +1574,9 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
       else if (n <= kTokBlocks && groups <= 65535)
         launch(matmul_kernel<B, 1, 4, true>, dim3(static_cast<unsigned>(n), grid.x), threads, 0,
                stream, wb, rows, cols, x, n, y);
+      else if (groups <= 65535)  // the tiles of a row group side by side: its weights via L2
+        launch(matmul_kernel<B, kTokTile, 2, true>, dim3(grid.y, grid.x), threads, 0, stream, wb,
+               rows, cols, x, n, y);
       else
         launch(matmul_kernel<B, kTokTile, 2>, grid, threads, 0, stream, wb, rows, cols, x, n, y);
       break;
