@@ -255,7 +255,8 @@ __device__ __forceinline__ void warp_rows(WRow wrow, int nr, int64_t cols, XRow 
 
 // kTokX: the grid is (token tile, row group) instead of (row group, token tile), so the blocks
 // of one row group for every token tile run side by side and the later ones find its weights in
-// L2 (one-token tiles of a few tokens; the token dimension is then at most 8).
+// L2 (bf16 products: one-token blocks of 2-16 tokens, and tiles of 8 while the row groups fit the
+// grid's y dimension).
 template <class W, int kT, int kC, bool kTokX = false>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
     matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t cols, const float* __restrict__ x,
