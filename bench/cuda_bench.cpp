@@ -372,15 +372,22 @@ void draft_cost_table(CudaModel& m, int prompt, int iters, int profile_k, std::m
       "/ plain | speedup at a = 0.5 / 0.8 / 0.9 | break-even a |\n"
       "|---|---|---|---|---|---|---|\n| plain decode step %.3f ms | 0 | | | 1.00 | 1.00 | |\n",
       plain * 1e3);
-  for (int k = 1; k <= 4; ++k) {
-    std::vector<int32_t> feed(k + 1);
-    const auto verify_step = [&] {
+  // A verify step of k + 1 random tokens that keeps one (rollback).
+  std::vector<int32_t> feed;
+  const auto verify_of = [&](int k) {
+    return [&, k] {
+      feed.resize(k + 1);
       for (auto& t : feed) t = tok(rng);
       const CudaStepInput in{cs, feed, false, true};
       logits.clear();
       m.forward({&in, 1}, &logits);
       cs->rollback(cs->n_past - k);
     };
+  };
+  // Expected tokens per verify step of k drafts at per-draft acceptance a.
+  const auto tokens_per_step = [](double a, int k) { return (1 - std::pow(a, k + 1)) / (1 - a); };
+  for (int k = 1; k <= 4; ++k) {
+    const auto verify_step = verify_of(k);
     const double verify = time(verify_step);
     Draft d;
     const auto draft_step = [&] {
@@ -400,11 +407,11 @@ void draft_cost_table(CudaModel& m, int prompt, int iters, int profile_k, std::m
       TF_CUDA_CHECK(cudaProfilerStop());
     }
     const double ratio = (draft + verify) / plain;
-    auto speedup = [&](double a) { return (1 - std::pow(a, k + 1)) / (1 - a) / ratio; };
+    auto speedup = [&](double a) { return tokens_per_step(a, k) / ratio; };
     double lo = 0, hi = 1;  // E[tokens](a) = ratio, by bisection (E grows with a)
     for (int i = 0; i < 40; ++i) {
       const double mid = (lo + hi) / 2;
-      ((1 - std::pow(mid, k + 1)) / (1 - mid) < ratio ? lo : hi) = mid;
+      (tokens_per_step(mid, k) < ratio ? lo : hi) = mid;
     }
     std::printf("| | %d | %.3f | %.3f | %.2f | %.2f / %.2f / %.2f | %s |\n", k, draft * 1e3,
                 verify * 1e3, ratio, speedup(0.5), speedup(0.8), speedup(0.9),
@@ -415,16 +422,9 @@ void draft_cost_table(CudaModel& m, int prompt, int iters, int profile_k, std::m
       "\n| prompt-lookup drafts, batch 1 (ms) | k | verify k+1, keep 1 | verify / plain | speedup "
       "at a = 0.5 / 0.8 / 0.9 |\n|---|---|---|---|---|\n");
   for (int k : {2, 4, 8, 12}) {
-    std::vector<int32_t> feed(k + 1);
-    const double verify = time([&] {
-      for (auto& t : feed) t = tok(rng);
-      const CudaStepInput in{cs, feed, false, true};
-      logits.clear();
-      m.forward({&in, 1}, &logits);
-      cs->rollback(cs->n_past - k);
-    });
+    const double verify = time(verify_of(k));
     const double ratio = verify / plain;
-    auto speedup = [&](double a) { return (1 - std::pow(a, k + 1)) / (1 - a) / ratio; };
+    auto speedup = [&](double a) { return tokens_per_step(a, k) / ratio; };
     std::printf("| | %d | %.3f | %.2f | %.2f / %.2f / %.2f |\n", k, verify * 1e3, ratio,
                 speedup(0.5), speedup(0.8), speedup(0.9));
   }
@@ -433,8 +433,9 @@ void draft_cost_table(CudaModel& m, int prompt, int iters, int profile_k, std::m
 // MTP drafting against plain decoding through the engine on the device (as bench-engine --draft
 // on the CPU), on the chat prompts of bench/draft_prompts.json (token ids written by `tensorfold
 // bench-engine --draft 3 --draft-only --draft-prompts-out FILE`). 1 if the tokens differ.
-int draft_table(Model& model, int k, bool adaptive, int max_streams, int reps, int lookup,
-                bool warm, const std::string& file, const std::vector<int>& streams) {
+// `base` carries the drafting flags; its streams are those of `streams` in turn.
+int draft_table(Model& model, const DraftCompareOptions& base, const std::string& file,
+                const std::vector<int>& streams) {
   if (!model.on_device())
     if (Status st = model.use_cuda(); !st.is_ok()) {
       std::fprintf(stderr, "cuda_bench: %s\n", st.to_string().c_str());
@@ -451,20 +452,13 @@ int draft_table(Model& model, int k, bool adaptive, int max_streams, int reps, i
       "\ndrafting (engine, --device cuda), up to %d drafts (%s, while at most %d requests "
       "decode; 0: any; prompt lookup up to %d), greedy, replies up to 160 tokens, best of %d%s; 8 "
       "prompts per kind, N at a time:\n",
-      k, adaptive ? "adaptive" : "fixed", max_streams, lookup, reps,
-      warm ? " on one engine per kind (warm)" : " (a fresh engine per run)");
+      base.draft_max, base.adaptive ? "adaptive" : "fixed", base.max_streams, base.lookup,
+      base.reps, base.warm ? " on one engine per kind (warm)" : " (a fresh engine per run)");
   bool same = true;
   for (const auto& [kind, prompts] : j.at("prompts").items()) {
     for (int n : streams) {
-      DraftCompareOptions o;
+      DraftCompareOptions o = base;
       o.streams = n;
-      o.draft_max = k;
-      o.adaptive = adaptive;
-      o.max_streams = max_streams;
-      o.reps = reps;
-      o.lookup = lookup;
-      o.warm = warm;
-      o.threads = 1;
       const DraftComparison c =
           compare_drafting(model, prompts.get<std::vector<std::vector<int32_t>>>(), stops, o);
       same = same && c.same_tokens;
@@ -489,11 +483,9 @@ int run(int argc, char** argv) {
   int steps = 64, prompt = 32, prefill = 512;
   bool graphs = true, kernels = false, engine = false;
   int draft = 0;  // --draft K: plain against drafted decoding through the engine
-  bool draft_fixed = false, profile = false;
-  int draft_max_streams = 1;
-  int draft_reps = 3;
-  int draft_lookup = 0;
-  bool draft_warm = false;
+  bool profile = false;
+  DraftCompareOptions dopt;  // the engine comparison's --draft-* flags (draft_max = --draft)
+  dopt.threads = 1;
   std::string draft_prompts = "bench/draft_prompts.json";
   std::vector<int> draft_streams = {1, 4};
   for (int i = 1; i < argc; ++i) {
@@ -528,15 +520,15 @@ int run(int argc, char** argv) {
     else if (a == "--draft")
       draft = std::atoi(next().c_str());
     else if (a == "--draft-fixed")
-      draft_fixed = true;
+      dopt.adaptive = false;
     else if (a == "--draft-max-streams")
-      draft_max_streams = std::atoi(next().c_str());
+      dopt.max_streams = std::atoi(next().c_str());
     else if (a == "--draft-warm")
-      draft_warm = true;
+      dopt.warm = true;
     else if (a == "--draft-lookup")
-      draft_lookup = std::max(0, std::atoi(next().c_str()));
+      dopt.lookup = std::max(0, std::atoi(next().c_str()));
     else if (a == "--draft-reps")
-      draft_reps = std::max(1, std::atoi(next().c_str()));
+      dopt.reps = std::max(1, std::atoi(next().c_str()));
     else if (a == "--profile")
       profile = true;
     else if (a == "--draft-prompts")
@@ -690,9 +682,10 @@ int run(int argc, char** argv) {
       std::printf("| prompt %d, %d tokens each | %d | %.1f |\n", prompt, steps, B,
                   engine_decode(*host, B, prompt, steps, rng));
   }
-  if (draft > 0 && host)
-    return draft_table(*host, draft, !draft_fixed, draft_max_streams, draft_reps, draft_lookup,
-                       draft_warm, draft_prompts, draft_streams);
+  if (draft > 0 && host) {
+    dopt.draft_max = draft;
+    return draft_table(*host, dopt, draft_prompts, draft_streams);
+  }
   return 0;
 }
 

@@ -106,8 +106,7 @@ struct CudaSequenceState final : DeviceState {
   // The MTP head's state when `has_mtp`, kept as the CPU keeps it (SequenceState::mtp_kv): the
   // head's cache rows are computed in batches (CudaModel::mtp_sync: by draft(), and by a step once
   // kMtpSyncRows are due), so a step of a request that may draft only stores its tokens' H (one
-  // kernel).
-  // With R = mtp_rows:
+  // kernel). With R = mtp_rows:
   //   mtp.k / mtp.v: rows < R valid, R <= n_past - 1, each as the head's own forward writes it;
   //   mtp_hidden: row hidden_base + i = H[R + i] for i < n_past - R (the last waits for x[n_past]);
   //   mtp_tokens: x[R + 1 .. n_past - 1] (host memory).
@@ -256,8 +255,7 @@ class CudaModel {
   DeviceArray<int32_t> route_ex_, route_sorted_, route_tiles_, argmax_, draft_tok_;
   DeviceArray<uint64_t> draft_table_, sync_table_;  // draft()'s and mtp_sync()'s tables
   std::vector<uint64_t> host_draft_table_, host_sync_table_;
-  DeviceArray<float> mtp_dummy_;  // [max(H, n_kv D)] zeros: the head's row of no position
-  void* pinned_ = nullptr;        // forward()'s logits on their way to the host
+  void* pinned_ = nullptr;  // forward()'s logits on their way to the host
   size_t pinned_bytes_ = 0;
   // Buffers are only ever replaced, never resized in place; each replacement bumps generation_
   // and drops the graphs (they hold the old addresses).

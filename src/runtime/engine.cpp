@@ -442,7 +442,7 @@ void Engine::commit_decode(StepRow& r, std::span<const float> logits) {
         i == j ? std::min(2 * a.lookup_depth, o_.draft_lookup) : std::max<int>(1, i + 1);
   }
   if (a.policy && o_.draft_adaptive)
-    observed_.push_back(Observed{r.seq, k, emitted, lookup, a.lookup_matched && a.lookup});
+    observed_.push_back(Observed{r.seq, k, emitted, lookup, a.lookup_matched});
   if (o_.on_decode_state) o_.on_decode_state(r.seq, a.state);
 }
 
