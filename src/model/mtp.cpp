@@ -46,11 +46,17 @@ int DraftPolicy::best() const {
 int DraftPolicy::next() {
   const int n = static_cast<int>(n_.size());
   for (int k = 0; k < n; ++k) {
-    if (n_[k] == 0) return k;  // not measured yet
+    if (n_[k] > 0) continue;
+    // Not measured yet: the first sweep goes up only while drafting looked cheaper than plain
+    // (a k that did not is rarely beaten by a deeper one, which costs more per step); the
+    // deeper k are left to the probes.
+    if (k >= 2 && !(cost(k - 1) < cost(0))) break;
+    return k;
   }
   const int b = best();
   for (int k = 0; k < n; ++k) {  // looks cheaper, too few steps to tell: try it again
-    if (k != b && n_[k] < kMinSamples * kDecay * kDecay && cost(k) < cost(b)) return k;
+    if (k != b && n_[k] > 0 && n_[k] < kMinSamples * kDecay * kDecay && cost(k) < cost(b))
+      return k;
   }
   if (n > 1 && steps_ >= next_probe_) {
     int stale = b == 0 ? 1 : 0;  // the least recently used other k

@@ -50,8 +50,10 @@ struct DraftStats {
 // Adaptive drafting depth for one sequence: picks k for the next step (0: a plain decode step) by
 // the measured cost per emitted token of each k in 0..k_max (decayed sums of seconds and tokens
 // over the steps that used it), so that drafting is used only where it pays on this machine, for
-// this text (acceptance varies along a reply: a copied passage, then free prose). Every k is tried
-// once at the start; one that looks cheaper than the current choice is tried until it has
+// this text (acceptance varies along a reply: a copied passage, then free prose). At the start
+// k = 0, 1, ... are tried once each in order while drafting looks cheaper than plain (on prose
+// the sweep stops after k = 1: the deeper k cost more per step and are left to the probes); one
+// that looks cheaper than the current choice is tried until it has
 // kMinSamples steps, and replaces it only if cheaper by kMargin. Every `probe_every` steps the
 // least recently used other k is tried again, so a change is noticed; a probe that confirms the
 // choice doubles the interval (up to 8x), one that changes it resets it. It steers speed only:

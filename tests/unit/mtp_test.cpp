@@ -297,6 +297,27 @@ TEST(MtpPolicy, PicksTheCheapestKAndProbes) {
   EXPECT_EQ(q.next(), 0);
 }
 
+// A cold start on prose (k = 1 costs more per token than plain): the first sweep stops there
+// instead of also paying for k = 2 and 3; the probes reach them later. Checked to fail with the
+// sweep over every k (it returns 2 at the third step).
+TEST(MtpPolicy, FirstSweepStopsWhereDraftingDoesNotPay) {
+  DraftPolicy p(3, 4);
+  const double cost[] = {1.0, 1.3, 1.6, 1.9};  // seconds per token
+  std::vector<int> picks;
+  for (int i = 0; i < 8; ++i) {
+    const int k = p.next();
+    picks.push_back(k);
+    p.observe(k, 1, cost[k]);
+  }
+  EXPECT_EQ(picks, (std::vector<int>{0, 1, 0, 0, 2, 0, 0, 0})) << "a probe of k = 2 at step 4";
+  // On a copy (k = 1 cheaper than plain) the sweep goes on to the deeper k.
+  DraftPolicy c(3, 100);
+  for (int k = 0; k <= 3; ++k) {
+    ASSERT_EQ(c.next(), k);
+    c.observe(k, k + 1, 1.0);
+  }
+}
+
 // A request's policy starts as a copy of the engine's prior, which only observes (so a probe is
 // always due in it): after defer_probe the copy keeps to the best k for probe_every steps.
 // Checked to fail without the defer_probe call (the copy probes at its first step).
