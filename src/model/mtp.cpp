@@ -55,8 +55,7 @@ int DraftPolicy::next() {
   }
   const int b = best();
   for (int k = 0; k < n; ++k) {  // looks cheaper, too few steps to tell: try it again
-    if (k != b && n_[k] > 0 && n_[k] < kMinSamples * kDecay * kDecay && cost(k) < cost(b))
-      return k;
+    if (k != b && n_[k] > 0 && n_[k] < kMinSamples * kDecay * kDecay && cost(k) < cost(b)) return k;
   }
   if (n > 1 && steps_ >= next_probe_) {
     int stale = b == 0 ? 1 : 0;  // the least recently used other k
