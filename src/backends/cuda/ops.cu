@@ -172,6 +172,7 @@ constexpr int kTokTile = 8;
 // 3.07x a decode step in tiles, against 1.42x for 5).
 constexpr int64_t kTokBlocks = 16;
 constexpr int kMatRows = 4;
+constexpr int kOneRows = 1;  // matmul's rows per warp for one token of bf16 weights
 // The calling warp's dots of nr weight rows wrow(q) [cols] with the nt token rows xrow(u) [cols]
 // (matmul_kernel's arithmetic), into acc[q][u] (lane sums, before the xor tree). wrow, xrow:
 // device callables int -> row pointer (rows at a stride, from tables, or from two matrices).
@@ -256,26 +257,26 @@ __device__ __forceinline__ void warp_rows(WRow wrow, int nr, int64_t cols, XRow 
 // kTokX: the grid is (token tile, row group) instead of (row group, token tile), so the blocks
 // of one row group for every token tile run side by side and the later ones find its weights in
 // L2 (bf16 products: one-token blocks of 2-16 tokens, and tiles of 8 while the row groups fit the
-// grid's y dimension).
-template <class W, int kT, int kC, bool kTokX = false>
+// grid's y dimension). kR: weight rows per warp.
+template <class W, int kT, int kC, bool kTokX = false, int kR = kMatRows>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
     matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t cols, const float* __restrict__ x,
                   int64_t n, float* __restrict__ y) {
   pdl_enter();
   const int64_t group = kTokX ? blockIdx.y : blockIdx.x, tile = kTokX ? blockIdx.x : blockIdx.y;
-  const int64_t r0 = (group * (blockDim.x / kWarp) + threadIdx.x / kWarp) * kMatRows;
+  const int64_t r0 = (group * (blockDim.x / kWarp) + threadIdx.x / kWarp) * kR;
   const int64_t t0 = tile * kT;
   if (r0 >= rows) return;
   const int nt = static_cast<int>(n - t0 < kT ? n - t0 : kT);
-  const int nr = static_cast<int>(rows - r0 < kMatRows ? rows - r0 : kMatRows);
+  const int nr = static_cast<int>(rows - r0 < kR ? rows - r0 : kR);
   const int lane = threadIdx.x % kWarp;
-  float acc[kMatRows][kT];
+  float acc[kR][kT];
   const W* wr = w + r0 * cols;
   const float* xt = x + t0 * cols;
-  warp_rows<W, kT, kMatRows, kC>([wr, cols](int q) { return wr + q * cols; }, nr, cols,
-                                 [xt, cols](int u) { return xt + u * cols; }, nt, acc);
+  warp_rows<W, kT, kR, kC>([wr, cols](int q) { return wr + q * cols; }, nr, cols,
+                           [xt, cols](int u) { return xt + u * cols; }, nt, acc);
 #pragma unroll
-  for (int q = 0; q < kMatRows; ++q) {
+  for (int q = 0; q < kR; ++q) {
 #pragma unroll
     for (int u = 0; u < kT; ++u) {
       if (u >= nt) break;
@@ -1556,12 +1557,18 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
   // batch 8 +54%, the 80B-A3B shape's batch 8 +12%, verify steps of 2-5 tokens 6-22% cheaper;
   // batch 1, 32 and prefill unchanged). None of it changes a row's arithmetic.
   const bool one = n == 1;
+  // One token of bf16 weights: a warp per row (kOneRows), four times the warps of kMatRows rows
+  // each, so that small matrices still keep enough loads in flight (H100, 2026-12-05, the 80B-A3B
+  // shape's batch-1 decode 443-446 -> 458-459 tok/s, out_proj 8.53 -> 8.31 us, q_proj 13.2 ->
+  // 12.4 us; steps of 2-16 tokens keep four rows per warp, which share each x chunk: one row per
+  // warp made batch 8 12% slower).
+  const int rpw = one && wtype == DType::kBF16 ? kOneRows : kMatRows;
   // Warps per block: 8, or fewer when that leaves under ~2 blocks per SM of an H200 (132 SMs)
   // for a one-tile product.
-  const int64_t warps_needed = (rows + kMatRows - 1) / kMatRows;
+  const int64_t warps_needed = (rows + rpw - 1) / rpw;
   const int64_t wpb =
       n > kTokTile ? kWarpsPerBlock : std::clamp<int64_t>(warps_needed / 264, 1, kWarpsPerBlock);
-  const int64_t per_block = wpb * kMatRows;
+  const int64_t per_block = wpb * rpw;
   const int64_t groups = (rows + per_block - 1) / per_block;
   const dim3 grid(static_cast<unsigned>(groups),
                   static_cast<unsigned>((n + kTokTile - 1) / kTokTile));
@@ -1571,7 +1578,8 @@ void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float*
       using B = __nv_bfloat16;
       const auto* wb = static_cast<const B*>(w);
       if (one)
-        launch(matmul_kernel<B, 1, 4>, grid, threads, 0, stream, wb, rows, cols, x, n, y);
+        launch(matmul_kernel<B, 1, 4, false, kOneRows>, grid, threads, 0, stream, wb, rows, cols, x,
+               n, y);
       else if (n <= kTokBlocks && groups <= 65535)
         launch(matmul_kernel<B, 1, 4, true>, dim3(static_cast<unsigned>(n), grid.x), threads, 0,
                stream, wb, rows, cols, x, n, y);

@@ -24,9 +24,9 @@ void rmsnorm_zc(const float* x, const float* w, int64_t n, int64_t dim, float ep
 // y[t, r] = sum_k w[r, k] * x[t, k]: w [rows, cols] row-major in `wtype` (bf16 or f32), x [n, cols]
 // fp32, y [n, rows] fp32. cols must be a multiple of 8. One warp per 4 weight rows and tile of 8
 // tokens (the rows' 16-byte weight loads are shared by the tile's tokens, a token's x chunk by the
-// rows); for each (row, token), lane l sums k = 8 l + 256 j + i (i < 8) in order of j then i,
-// then a xor-shuffle tree over the 32 lanes. Tiles only decide which loads are shared, never a
-// token's arithmetic.
+// rows), one warp per row for a single token of bf16 weights; for each (row, token), lane l sums
+// k = 8 l + 256 j + i (i < 8) in order of j then i, then a xor-shuffle tree over the 32 lanes.
+// Tiles and rows per warp only decide which loads are shared, never a token's arithmetic.
 void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n,
             float* y, cudaStream_t stream);
 
