@@ -9,7 +9,7 @@ namespace tf::app {
 void add_device_option(CLI::App* cmd, std::string* device) {
   cmd->add_option("--device", *device,
                   "Where the model runs: cpu, or cuda (weights and sequence states on GPU 0; "
-                  "builds with the CUDA backend; no MTP drafting there yet)")
+                  "builds with the CUDA backend)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
 }

@@ -57,28 +57,37 @@ int DraftPolicy::next() {
   for (int k = 0; k < n; ++k) {  // looks cheaper, too few steps to tell: try it again
     if (k != b && n_[k] > 0 && n_[k] < kMinSamples * kDecay * kDecay && cost(k) < cost(b)) return k;
   }
-  if (n > 1 && steps_ >= next_probe_) {
-    int stale = b == 0 ? 1 : 0;  // the least recently used other k
-    for (int k = 0; k < n; ++k) {
-      if (k != b && last_[k] < last_[stale]) stale = k;
-    }
-    probing_ = stale;
-    return stale;
+  return probe_due() ? probe() : b;
+}
+
+int DraftPolicy::probe() {
+  TF_CHECK(n_.size() > 1, "probe(): no k to probe");
+  const int b = best();
+  int stale = b == 0 ? 1 : 0;  // the least recently used other k
+  for (int k = 0; k < static_cast<int>(n_.size()); ++k) {
+    if (k != b && last_[k] < last_[stale]) stale = k;
   }
-  return b;
+  probing_ = stale;
+  next_probe_ = steps_ + probe_every_;  // not due again before it is observed
+  return stale;
 }
 
 void DraftPolicy::observe(int k, int emitted, double seconds) {
   const int before = best();
   last_[k] = steps_++;
-  time_[k] = kDecay * time_[k] + seconds;
-  tokens_[k] = kDecay * tokens_[k] + std::max(emitted, 1);
-  n_[k] = kDecay * n_[k] + 1;
+  const double keep = k == probing_ ? 0.0 : kDecay;  // a probe replaces the old measurement
+  time_[k] = keep * time_[k] + seconds;
+  tokens_[k] = keep * tokens_[k] + std::max(emitted, 1);
+  n_[k] = keep * n_[k] + 1;
   if (k == probing_) {
     probing_ = -1;
     probe_every_ = best() == before ? std::min(2 * probe_every_, 8 * probe_base_) : probe_base_;
     next_probe_ = steps_ + probe_every_;
   }
+}
+
+int next_depth(DraftPolicy* prior, DraftPolicy* own) {
+  return prior->probe_due() ? prior->probe() : own->next();
 }
 
 double policy_clock(const Model& model) {

@@ -55,9 +55,10 @@ struct DraftStats {
 // the sweep stops after k = 1: the deeper k cost more per step and are left to the probes); one
 // that looks cheaper than the current choice is tried until it has
 // kMinSamples steps, and replaces it only if cheaper by kMargin. Every `probe_every` steps the
-// least recently used other k is tried again, so a change is noticed; a probe that confirms the
-// choice doubles the interval (up to 8x), one that changes it resets it. It steers speed only:
-// the tokens are the same for any k.
+// least recently used other k is tried again, so a change is noticed; the probe's step replaces
+// what was known of that k (measured long ago: a cold start's first steps, other text, other load),
+// and a probe that confirms the choice doubles the interval (up to 8x), one that changes it resets
+// it. It steers speed only: the tokens are the same for any k.
 class DraftPolicy {
  public:
   explicit DraftPolicy(int k_max, int probe_every = 32);
@@ -65,8 +66,14 @@ class DraftPolicy {
   int next();
   // A step that asked for k drafts, emitted `emitted` tokens and cost `seconds` in all.
   void observe(int k, int emitted, double seconds);
-  // The next probe `probe_every` steps from now: for a request's policy copied from a prior that
-  // only observed (whose probe is always due), so that every new request does not begin with one.
+  // Whether a probe is due, and the probe itself (the k next() would probe, marked as under probe
+  // until observed). An engine's prior, which observes every request's steps, probes through
+  // these for the requests (next_depth), since requests shorter than probe_every steps never
+  // reach their own probe.
+  bool probe_due() const { return n_.size() > 1 && steps_ >= next_probe_; }
+  int probe();
+  // The next probe `probe_every` steps from now: for a request's policy copied from the engine's
+  // prior (whose probe may be due), so that every new request does not begin with one.
   void defer_probe() { next_probe_ = steps_ + probe_every_; }
   // Estimated seconds per emitted token with k drafts (0: not measured yet).
   double cost(int k) const { return tokens_[k] > 0 ? time_[k] / tokens_[k] : 0.0; }
@@ -83,6 +90,12 @@ class DraftPolicy {
   std::vector<double> time_, tokens_, n_;  // [k_max + 1] decayed sums per k
   std::vector<int64_t> last_;              // step at which each k was last used
 };
+
+// k for a request's next step: the prior's probe when one is due (the prior pools every request's
+// observations; both then observe the step), else the request's own choice. Without the prior's
+// probes an engine whose first requests happened to measure plain steps dear (first-use costs)
+// kept drafting on every later short request, never measuring plain steps again.
+int next_depth(DraftPolicy* prior, DraftPolicy* own);
 
 // The drafting policy's clock, in seconds: on the CPU the process's CPU time (the cost of a step
 // is the work it does, which other processes' load inflates less than wall time); on a device

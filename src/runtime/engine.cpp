@@ -355,13 +355,13 @@ int Engine::want_drafts(Active& a) {
         a.lookup_index.drafts(static_cast<int>(std::min<int64_t>(a.lookup_depth, limit)));
     if (!d.empty()) {
       a.lookup_matched = true;
-      if (!o_.draft_adaptive || a.lookup->next() == 1) {
+      if (!o_.draft_adaptive || next_depth(&lookup_prior_, &*a.lookup) == 1) {
         a.lookup_drafts = std::move(d);
         return static_cast<int>(a.lookup_drafts.size());
       }
     }
   }
-  const int k = o_.draft_adaptive ? a.policy->next() : o_.draft_max;
+  const int k = o_.draft_adaptive ? next_depth(&prior_, &*a.policy) : o_.draft_max;
   return static_cast<int>(std::min<int64_t>(k, limit));
 }
 

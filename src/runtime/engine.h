@@ -198,7 +198,7 @@ class Engine {
   std::map<uint64_t, std::unique_ptr<Active>> active_;  // engine thread only
   StatePool states_;                                    // engine thread only
   // Every request's depth observations, pooled (engine thread only): a new request's policy
-  // starts as a copy of it.
+  // starts as a copy of it, and its probes are taken by whichever request is next (next_depth).
   DraftPolicy prior_;
   DraftPolicy lookup_prior_;  // the same for the lookup-or-not choice
   // This step's decode rows of adaptive requests, for their policies once the step's cost is known

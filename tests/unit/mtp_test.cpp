@@ -334,6 +334,40 @@ TEST(MtpPolicy, CopiesOfThePriorDoNotProbeAtOnce) {
   EXPECT_NE(req.next(), 0);  // then the probe
 }
 
+// An engine's requests as the Engine runs them: each a copy of the prior (defer_probe), 10 steps
+// long, k from next_depth, both policies observing. The first plain step costs 4x (first-use
+// costs), so the first request finds k = 1 cheaper; in truth k = 1 costs 1.1 s per token against
+// 1.0 for plain. The prior's first probe (step 32) re-measures plain steps, so the requests after
+// it decode plainly.
+// Checked to fail with next_depth returning own->next() (every request drafts on every step), and
+// with a probe added to the old measurement instead of replacing it (requests 5-59 still draft).
+TEST(MtpPolicy, ThePriorsProbesCorrectAStaleStart) {
+  DraftPolicy prior(1, 32);
+  int plain_steps = 0;
+  bool first_use = true;
+  std::vector<int> drafted_steps;  // per request
+  for (int r = 0; r < 60; ++r) {
+    DraftPolicy req = prior;
+    req.defer_probe();
+    int drafted = 0;
+    for (int i = 0; i < 10; ++i) {
+      const int k = next_depth(&prior, &req);
+      const int emitted = k == 0 ? 1 : 2;
+      double seconds = k == 0 ? 1.0 : 2.2;
+      if (k == 0 && first_use) seconds *= 4, first_use = false;
+      plain_steps += k == 0;
+      drafted += k;
+      req.observe(k, emitted, seconds);
+      prior.observe(k, emitted, seconds);
+    }
+    drafted_steps.push_back(drafted);
+  }
+  EXPECT_GE(drafted_steps[1], 5) << "the stale start: the second request drafts";
+  for (int r = 5; r < 60; ++r) EXPECT_LE(drafted_steps[r], 1) << "request " << r;
+  EXPECT_NEAR(prior.cost(0), 1.0, 1e-9);
+  EXPECT_GT(plain_steps, 540);
+}
+
 // --- An independent plain-C++ MTP head (scalar loops, double accumulation), for the formulas ---
 
 std::vector<double> row_of(const cpu::Mat& w, int64_t r) {
