@@ -22,6 +22,7 @@ namespace {
 
 struct BenchOptions {
   std::string model = kDefaultModel;
+  std::string load_mode = "auto";  // --load-mode
   int prompt_len = 128;
   int gen = 32;
   int reps = 3;
@@ -69,7 +70,7 @@ double measure_bandwidth(ThreadPool& pool, double gib) {
 }
 
 int run_bench(const BenchOptions& o) {
-  auto model_or = Model::load(o.model);
+  auto model_or = Model::load(o.model, {}, load_options(o.load_mode, "cpu"));
   if (!model_or) {
     std::fprintf(stderr, "error: %s\n", model_or.status().to_string().c_str());
     return 1;
@@ -217,6 +218,7 @@ void add_bench(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("bench", "Measure prefill/decode speed and the decode roofline");
   cmd->add_option("--model", o->model, "Checkpoint directory")->capture_default_str();
+  add_load_option(cmd, &o->load_mode);
   cmd->add_option("--prompt-len", o->prompt_len)
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));

@@ -45,15 +45,16 @@ struct GenerateOptions {
   bool ignore_eos = false;
   std::string dump_logits;
   int threads = 0;
-  int tp = 1;                  // tensor-parallel ranks (--tp)
-  std::string device = "cpu";  // --device
-  int draft = 0;               // MTP drafts per step (0: plain decoding)
+  int tp = 1;                      // tensor-parallel ranks (--tp)
+  std::string device = "cpu";      // --device
+  std::string load_mode = "auto";  // --load-mode
+  int draft = 0;                   // MTP drafts per step (0: plain decoding)
   float draft_p_min = 0.0f;
   bool draft_fixed = false;
 };
 
 int run_generate(const GenerateOptions& o) {
-  auto model_or = Model::load(o.model);
+  auto model_or = Model::load(o.model, {}, load_options(o.load_mode, o.device));
   if (!model_or) {
     std::fprintf(stderr, "error: %s\n", model_or.status().to_string().c_str());
     return 1;
@@ -202,6 +203,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--min-p", o->sampling.min_p)->capture_default_str()->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", o->sampling.seed)->capture_default_str();
   add_device_option(cmd, &o->device);
+  add_load_option(cmd, &o->load_mode);
   cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));

@@ -68,6 +68,8 @@ void add_serve(CLI::App& app) {
       "--no-draft", [no_draft] { *no_draft = true; },
       "Turn MTP drafting off whatever --draft-max says");
   add_device_option(cmd, &o->device);
+  static std::string load_mode = "auto";  // static: written after add_serve returns, like tp
+  add_load_option(cmd, &load_mode);
   cmd->add_option("--threads", o->threads, "Model worker threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
@@ -154,6 +156,7 @@ void add_serve(CLI::App& app) {
       });
   cmd->callback([o, no_draft] {
     if (*no_draft) o->draft_max = 0;
+    o->load = load_options(load_mode, o->device);
     if (o->api_key.empty()) {
       if (const char* k = std::getenv("TENSORFOLD_API_KEY")) o->api_key = k;
     }

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/status.h"
+#include "model/weights.h"
 
 namespace tf {
 class Model;
@@ -48,6 +49,12 @@ int run_with_tp(int tp, const std::string& model, int* threads, const std::funct
 // device it names (Model::use_cuda); false after printing the error when it cannot.
 void add_device_option(CLI::App* cmd, std::string* device);
 bool use_device(Model& model, const std::string& device);
+
+// --load-mode auto|copy|mmap (apps/device_option.cpp), and the LoadOptions it means for a model
+// run on `device`: auto copies the weights out of the checkpoint for the CPU (LoadOptions::copy)
+// and maps them for a device (they are uploaded there anyway).
+void add_load_option(CLI::App* cmd, std::string* mode);
+LoadOptions load_options(const std::string& mode, const std::string& device);
 
 // Exit code of a subcommand, set by its callback.
 int& exit_code();

@@ -1,4 +1,4 @@
-// --device cpu|cuda of generate, serve and bench-engine.
+// --device cpu|cuda and --load-mode of generate, serve and bench-engine (--load-mode of bench too).
 #include <cstdio>
 
 #include "apps/commands.h"
@@ -12,6 +12,19 @@ void add_device_option(CLI::App* cmd, std::string* device) {
                   "builds with the CUDA backend)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
+void add_load_option(CLI::App* cmd, std::string* mode) {
+  cmd->add_option("--load-mode", *mode,
+                  "How the weights are held: copy (read out of the checkpoint into the process's "
+                  "memory, like llama.cpp's --no-mmap), mmap (views of the mapped files, zero "
+                  "copy), or auto (copy on the CPU, mmap with --device cuda)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "copy", "mmap"}));
+}
+
+LoadOptions load_options(const std::string& mode, const std::string& device) {
+  return LoadOptions{.copy = mode == "copy" || (mode == "auto" && device != "cuda")};
 }
 
 bool use_device(Model& model, const std::string& device) {

@@ -1,5 +1,6 @@
 // A Hugging Face checkpoint directory: config.json plus model.safetensors, or shards listed in
-// model.safetensors.index.json. All files stay memory-mapped for the life of the Checkpoint.
+// model.safetensors.index.json. All files stay memory-mapped for the life of the Checkpoint, or
+// until unmap().
 #pragma once
 
 #include <memory>
@@ -24,6 +25,10 @@ class Checkpoint {
   // Every tensor name in the checkpoint.
   std::vector<std::string> names() const;
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
+  // Unmaps every file (SafetensorsFile::unmap): get() must not be read from afterwards.
+  void unmap() {
+    for (auto& f : files_) f->unmap();
+  }
 
  private:
   std::string dir_;

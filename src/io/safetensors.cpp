@@ -38,7 +38,13 @@ static bool parse_dtype(const std::string& s, DType* out) {
 }
 
 SafetensorsFile::~SafetensorsFile() {
+  unmap();
+}
+
+void SafetensorsFile::unmap() {
   if (map_ != nullptr) munmap(map_, size_);
+  map_ = nullptr;
+  size_ = 0;
 }
 
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {

@@ -4,7 +4,7 @@
 //   {"name": {"dtype": "BF16", "shape": [r, c], "data_offsets": [begin, end]}, ..., "__metadata__":
 //   {}}
 // then the data region; offsets are relative to the start of the data region. Tensors are views
-// into the mapping (zero copy); the mapping lives as long as the SafetensorsFile.
+// into the mapping (zero copy); the mapping lives as long as the SafetensorsFile, or until unmap().
 #pragma once
 
 #include <cstdint>
@@ -44,9 +44,12 @@ class SafetensorsFile {
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   // Names of tensors whose dtype is not F32/BF16/F16, with that dtype.
   const std::map<std::string, std::string>& unsupported() const { return unsupported_; }
-  // The mapped bytes (for the residency owner to hold).
+  // The mapped bytes (for the residency owner to hold); null after unmap().
   const void* mapping() const { return map_; }
   size_t mapping_size() const { return size_; }
+  // Drops the mapping (once every tensor the caller needs was copied out): tensors() keep their
+  // names, shapes and dtypes, and their data pointers must no longer be read.
+  void unmap();
 
  private:
   SafetensorsFile() = default;

@@ -16,17 +16,19 @@ namespace tf {
 
 using cpu::matmul;
 
-Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadProgress& progress) {
-  return load(dir, progress, tp_group());
+Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadProgress& progress,
+                                           const LoadOptions& opts) {
+  return load(dir, progress, tp_group(), opts);
 }
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadProgress& progress,
-                                           Communicator* comm) {
+                                           Communicator* comm, const LoadOptions& opts) {
   auto m = std::unique_ptr<Model>(new Model());
   TF_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::open(dir));
   const Shard shard = comm != nullptr ? Shard{comm->rank(), comm->size()} : Shard{};
   TF_ASSIGN_OR_RETURN(m->tp_, make_tp_layout(m->ckpt_->config(), shard));
-  TF_ASSIGN_OR_RETURN(m->weights_, load_weights(*m->ckpt_, progress, &m->tp_));
+  TF_ASSIGN_OR_RETURN(m->weights_, load_weights(*m->ckpt_, progress, &m->tp_, opts));
+  if (opts.copy) m->ckpt_->unmap();
   if (shard.size > 1) {
     m->comm_ = comm;
     if (shard.rank == 0) m->leader_ = std::make_unique<TpLeader>(comm);
@@ -79,8 +81,10 @@ std::vector<residency::Range> Model::residency_ranges() const {
     return set;
   }
 #endif
-  for (const auto& f : checkpoint().files())
-    set.push_back(rs::Range{f->mapping(), f->mapping_size(), rs::Memory::kHost, "weights"});
+  for (const auto& f : checkpoint().files()) {
+    if (f->mapping() != nullptr)  // none once LoadOptions::copy copied the weights out
+      set.push_back(rs::Range{f->mapping(), f->mapping_size(), rs::Memory::kHost, "weights"});
+  }
   weights().for_each_owned([&](const void* p, size_t n) {
     set.push_back(rs::Range{p, n, rs::Memory::kHost, "weights (owned copy)"});
   });

@@ -168,12 +168,14 @@ class Model {
  public:
   // Loads the model; in a tensor-parallel group (tp_install, the CLI's --tp N) this rank's shard.
   static Result<std::unique_ptr<Model>> load(const std::string& dir,
-                                             const LoadProgress& progress = {});
+                                             const LoadProgress& progress = {},
+                                             const LoadOptions& opts = {});
   // Loads this rank's shard of the model for the group `comm` (nullptr or size 1: the whole model,
   // the single-process code path). On rank 0 of a group of several, the Model leads: each of its
   // compute calls is first sent to the other ranks, which must run tp_follow (model/tp.h).
+  // With opts.copy the weights are copied out of the checkpoint, which is then unmapped.
   static Result<std::unique_ptr<Model>> load(const std::string& dir, const LoadProgress& progress,
-                                             Communicator* comm);
+                                             Communicator* comm, const LoadOptions& opts = {});
   ~Model();  // rank 0 of a group: tells the followers to stop
 
   const ModelConfig& config() const { return ckpt_->config(); }
@@ -227,9 +229,10 @@ class Model {
   CudaModel* cuda() const { return cuda_.get(); }
 
   // Residency (../shared/design/residency.md; server/residency_setup.cpp). The model's buffers
-  // that exist now, as members of a resident set: on the host the checkpoint's mapping and the
-  // weights' owned copies; on a device every buffer of the device heap (weights, scratch, the
-  // pinned staging; not the host copy of the weights, which the device path never reads).
+  // that exist now, as members of a resident set: on the host the checkpoint's mapping (none after
+  // LoadOptions::copy) and the weights' owned copies; on a device every buffer of the device heap
+  // (weights, scratch, the pinned staging; not the host copy of the weights, which the device path
+  // never reads).
   std::vector<residency::Range> residency_ranges() const;
   // The backend that holds them: CpuBackend on the host; on a device a CudaBackend whose tick
   // copies on the model's stream (host ranges locked as on the CPU).

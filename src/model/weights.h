@@ -92,6 +92,13 @@ struct MtpWeights {
   LayerWeights layer;                                                  // full attention + MoE
 };
 
+// Host memory the Weights own: an anonymous mapping of `bytes`, unmapped when released.
+struct HostBlockUnmap {
+  size_t bytes = 0;
+  void operator()(char* p) const;
+};
+using HostBlock = std::unique_ptr<char, HostBlockUnmap>;
+
 struct Weights {
   Mat embed;                      // [V, H]
   Mat lm_head;                    // [V, H] (the embedding when tied)
@@ -99,17 +106,26 @@ struct Weights {
   std::vector<LayerWeights> layers;
   std::unique_ptr<MtpWeights> mtp;  // null when the checkpoint has no mtp.* tensors
   size_t bytes_mapped = 0;          // bytes of matrices viewed in the checkpoint
-  // Copies made where a tensor was not aligned to its element size, and their sizes.
-  std::vector<std::unique_ptr<char[]>> owned;
-  std::vector<size_t> owned_bytes;
+  // Copies (every matrix with LoadOptions::copy; else where a tensor was not aligned to its
+  // element size, or a rank's share is not one row range), and their sizes.
+  std::vector<HostBlock> owned;
 
-  // Every buffer the Weights own (the fp32 vectors and the aligned copies; the matrices are views
-  // of the checkpoint's mapping), for the residency owner to hold.
+  // Every buffer the Weights own (the fp32 vectors and the copies; other matrices are views of
+  // the checkpoint's mapping), for the residency owner to hold.
   void for_each_owned(const std::function<void(const void* data, size_t bytes)>& fn) const;
 };
 
 // Called with (tensors loaded, tensors in the checkpoint) as loading advances.
 using LoadProgress = std::function<void(size_t done, size_t total)>;
+
+struct LoadOptions {
+  // Copy every matrix out of the checkpoint's mapping into memory the Weights own (llama.cpp's
+  // --no-mmap), after which the Model drops the mapping. On the CPU this is what decodes at the
+  // memory's speed on VMs whose host ages guest page-cache pages (docs/PERFORMANCE.md, "Weights
+  // copied out of the page cache": bench-mid decode 2.8x); it costs a copy at load and needs the
+  // weights' size in free memory. Off: matrices are views of the mapping (zero copy).
+  bool copy = false;
+};
 
 // Loads and checks every tensor the config implies. Errors name the file, tensor and expected vs
 // actual shape or dtype.
@@ -117,6 +133,7 @@ using LoadProgress = std::function<void(size_t done, size_t total)>;
 // where it is not a contiguous row range).
 Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt,
                                               const LoadProgress& progress = {},
-                                              const TpLayout* layout = nullptr);
+                                              const TpLayout* layout = nullptr,
+                                              const LoadOptions& opts = {});
 
 }  // namespace tf

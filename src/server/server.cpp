@@ -138,14 +138,17 @@ class Service {
     // A progress bar on a terminal; plain log lines (start, done) otherwise.
     const bool tty = isatty(STDERR_FILENO) != 0;
     int last_pct = -1;
-    auto model = Model::load(o_.model_dir, [&](size_t done, size_t total) {
-      const int pct = total ? static_cast<int>(100 * done / total) : 100;
-      if (!tty || pct == last_pct) return;
-      last_pct = pct;
-      std::fprintf(stderr, "\rloading %s [%-40s] %3d%%%s", o_.model_name.c_str(),
-                   std::string(static_cast<size_t>(pct * 40 / 100), '#').c_str(), pct,
-                   done == total ? "\n" : "");
-    });
+    auto model = Model::load(
+        o_.model_dir,
+        [&](size_t done, size_t total) {
+          const int pct = total ? static_cast<int>(100 * done / total) : 100;
+          if (!tty || pct == last_pct) return;
+          last_pct = pct;
+          std::fprintf(stderr, "\rloading %s [%-40s] %3d%%%s", o_.model_name.c_str(),
+                       std::string(static_cast<size_t>(pct * 40 / 100), '#').c_str(), pct,
+                       done == total ? "\n" : "");
+        },
+        o_.load);
     if (tty && last_pct >= 0 && last_pct < 100) std::fprintf(stderr, "\n");
     if (!model) return fail(model.status());
     auto tokenizer = tok::Tokenizer::load(o_.model_dir);

@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "model/weights.h"
+
 namespace tf::server {
 
 struct ServerOptions {
@@ -20,8 +22,9 @@ struct ServerOptions {
   int max_queue = 64;        // waiting requests before 429
   int64_t ctx_size = 16384;  // positions per sequence
   int threads = 0;           // model worker threads (0 = all cores)
-  // "cpu", or "cuda" (Model::use_cuda: the weights and states on CUDA device 0; no drafting).
+  // "cpu", or "cuda" (Model::use_cuda: the weights and states on CUDA device 0).
   std::string device = "cpu";
+  LoadOptions load;  // --load-mode (the CLI copies the weights on the CPU by default)
   size_t state_cache_bytes = size_t{2} << 30;  // kept-state pool budget (0: off)
   // MTP drafting (EngineOptions): drafts per step at most (0: off, the default: it does not pay
   // on the CPU, docs/PERFORMANCE.md), the head-confidence gate, adaptive depth.

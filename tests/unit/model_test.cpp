@@ -1,4 +1,6 @@
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -132,6 +134,82 @@ TEST(ModelLoad, PackedExpertsAndMtpLoad) {
   (*m)->forward({&in, 1}, &logits, nullptr);
   ASSERT_EQ(logits.size(), 96u);
   for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+}
+
+// Every matrix of `w` (with the mats of the MTP layer), in a fixed order.
+std::vector<Mat> all_mats(const Weights& w) {
+  std::vector<Mat> out{w.embed, w.lm_head};
+  auto ffn = [&](const FfnWeights& f) { out.insert(out.end(), {f.gate, f.up, f.down}); };
+  auto layer = [&](const LayerWeights& L) {
+    out.insert(out.end(),
+               {L.q_proj, L.k_proj, L.v_proj, L.o_proj, L.in_qkvz, L.in_ba, L.out_proj, L.router});
+    for (const FfnWeights& e : L.experts) ffn(e);
+    ffn(L.shared);
+    ffn(L.mlp);
+  };
+  for (const LayerWeights& L : w.layers) layer(L);
+  if (w.mtp) {
+    out.push_back(w.mtp->fc);
+    layer(w.mtp->layer);
+  }
+  return out;
+}
+
+// LoadOptions::copy: every matrix is a copy, byte for byte what the mapping holds, for the whole
+// model and for each rank's share under TP (the one-range, several-range, column and packed-expert
+// paths); Model::load then drops the mapping, so the residency set holds the copies only, and the
+// logits are the same bits. Checked to fail with the copy flag ignored by Loader::mat (the
+// pointers stay inside the mapping).
+TEST(ModelLoad, CopiedWeightsEqualTheMappedOnes) {
+  testing::TempDir dir;
+  RandomCheckpointOptions packed;
+  packed.packed_experts = true;
+  packed.mtp = true;
+  packed.dtype = DType::kF16;
+  for (const auto& [name, opts] : {std::pair{"s", RandomCheckpointOptions{}}, {"p", packed}}) {
+    testing::write_small_checkpoint(dir.path(name), opts);
+    auto ckpt = Checkpoint::open(dir.path(name));
+    ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+    const auto* map = static_cast<const char*>((*ckpt)->files()[0]->mapping());
+    const size_t map_size = (*ckpt)->files()[0]->mapping_size();
+    for (int ranks : {1, 2}) {
+      for (int rank = 0; rank < ranks; ++rank) {
+        auto layout = make_tp_layout((*ckpt)->config(), Shard{rank, ranks});
+        ASSERT_TRUE(layout.is_ok()) << layout.status().to_string();
+        auto mapped = load_weights(**ckpt, {}, &*layout);
+        auto copied = load_weights(**ckpt, {}, &*layout, LoadOptions{.copy = true});
+        ASSERT_TRUE(mapped.is_ok() && copied.is_ok());
+        const std::vector<Mat> a = all_mats(**mapped), b = all_mats(**copied);
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t i = 0; i < a.size(); ++i) {
+          SCOPED_TRACE(::testing::Message()
+                       << name << " rank " << rank << "/" << ranks << " mat " << i);
+          ASSERT_EQ(a[i].rows, b[i].rows);
+          ASSERT_EQ(a[i].cols, b[i].cols);
+          ASSERT_EQ(a[i].dtype, b[i].dtype);
+          const size_t bytes = a[i].rows * a[i].cols * dtype_size(a[i].dtype);
+          if (bytes == 0) continue;
+          const auto* p = static_cast<const char*>(b[i].data);
+          EXPECT_TRUE(p + bytes <= map || p >= map + map_size) << "a view of the mapping";
+          EXPECT_EQ(0, std::memcmp(a[i].data, b[i].data, bytes));
+        }
+        EXPECT_EQ((*copied)->bytes_mapped, 0u);
+      }
+    }
+    auto m = Model::load(dir.path(name));
+    auto c = Model::load(dir.path(name), {}, LoadOptions{.copy = true});
+    ASSERT_TRUE(m.is_ok() && c.is_ok());
+    for (const residency::Range& r : (*c)->residency_ranges())
+      EXPECT_NE(std::string(r.what), "weights") << "the mapping is still held";
+    std::vector<float> la, lb;
+    const int32_t toks[] = {1, 2, 3, 4, 5};
+    SequenceState sa = (*m)->new_state(), sb = (*c)->new_state();
+    StepInput ia{&sa, toks, true}, ib{&sb, toks, true};
+    (*m)->forward({&ia, 1}, &la, nullptr);
+    (*c)->forward({&ib, 1}, &lb, nullptr);
+    ASSERT_EQ(la.size(), lb.size());
+    EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)));
+  }
 }
 
 }  // namespace
