@@ -26,6 +26,31 @@ class Loader {
     if (copy_) pool_ = std::make_unique<ThreadPool>(0);
   }
 
+  // Copy mode: one arena of `bytes` (at least everything copied; pages never touched cost
+  // nothing) that finish() trims to what was used. One mapping with huge pages asked for, rather
+  // than one per tensor: an expert's 2 MiB matrix in a mapping of its own is never 2 MiB aligned,
+  // so never a huge page. On this project's VM a standalone 5 GB copy into 4 KiB pages took
+  // 20.5 s (the host faults fresh guest memory in slowly), into huge pages 5.5 s, and 1.6 s on two
+  // threads (copy()).
+  Status reserve(size_t bytes) {
+    TF_ASSIGN_OR_RETURN(HostBlock b, map_block(bytes));
+    arena_ = b.get();
+    arena_size_ = b.get_deleter().bytes;
+    w_->owned.push_back(std::move(b));
+    arena_index_ = w_->owned.size() - 1;
+    return Status::ok();
+  }
+  // Gives the arena's unused tail back.
+  void finish() {
+    if (arena_ == nullptr) return;
+    HostBlock& b = w_->owned[arena_index_];
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t keep = std::max<size_t>((arena_used_ + page - 1) / page * page, page);
+    if (keep < arena_size_) munmap(arena_ + keep, arena_size_ - keep);
+    b.get_deleter().bytes = std::min(keep, arena_size_);
+    arena_ = nullptr;
+  }
+
   Status mat(const std::string& name, int64_t rows, int64_t cols, Mat* out) {
     TF_RETURN_IF_ERROR(view(name, rows, cols, out));
     const size_t bytes = rows * cols * dtype_size(out->dtype);
@@ -162,37 +187,9 @@ class Loader {
     return w_->owned.back().get();
   }
 
- public:
-  // Copy mode: one arena of `bytes` (at least everything copied; MAP_NORESERVE, so the pages
-  // never touched cost nothing) that finish() trims to what was used. One mapping with huge pages
-  // asked for, rather than one per tensor: an expert's 2 MiB matrix in a mapping of its own is
-  // never 2 MiB aligned, so never a huge page. On this project's VM a 5 GB copy into 4 KiB pages
-  // took 20.5 s (the host faults fresh guest memory in slowly), into huge pages 5.5 s, and 1.6 s
-  // with the copy on two threads (copy()).
-  Status reserve(size_t bytes) {
-    TF_ASSIGN_OR_RETURN(HostBlock b, map_block(bytes));
-    arena_ = b.get();
-    arena_size_ = b.get_deleter().bytes;
-    w_->owned.push_back(std::move(b));
-    arena_index_ = w_->owned.size() - 1;
-    return Status::ok();
-  }
-  // Gives the arena's unused tail back.
-  void finish() {
-    if (arena_ == nullptr) return;
-    HostBlock& b = w_->owned[arena_index_];
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    const size_t keep = std::max<size_t>((arena_used_ + page - 1) / page * page, page);
-    if (keep < arena_size_) munmap(arena_ + keep, arena_size_ - keep);
-    b.get_deleter().bytes = std::min(keep, arena_size_);
-    arena_ = nullptr;
-  }
-
- private:
   Result<HostBlock> map_block(size_t bytes) {
     const size_t n = std::max<size_t>(bytes, 1);
-    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       return Status::io(
           "cannot allocate {} bytes for a copy of the weights: {} (--load-mode mmap "

@@ -1,5 +1,6 @@
 // Immutable weights of a qwen3_next model, as views into the memory-mapped checkpoint (zero copy
-// for matrices) plus small fp32 copies of the vectors (norm weights, gates, conv kernels).
+// for matrices) or copies of them (LoadOptions::copy), plus small fp32 copies of the vectors
+// (norm weights, gates, conv kernels).
 // Tensor names and shapes: ../shared/design/qwen3-next.md §2.
 #pragma once
 
