@@ -26,12 +26,11 @@ class Loader {
     if (copy_) pool_ = std::make_unique<ThreadPool>(0);
   }
 
-  // Copy mode: one arena of `bytes` (at least everything copied; pages never touched cost
-  // nothing) that finish() trims to what was used. One mapping with huge pages asked for, rather
+  // Copy mode: one arena of `bytes` (at least everything copied; pages never touched take no
+  // memory) that finish() trims to what was used. One mapping with huge pages asked for, rather
   // than one per tensor: an expert's 2 MiB matrix in a mapping of its own is never 2 MiB aligned,
-  // so never a huge page. On this project's VM a standalone 5 GB copy into 4 KiB pages took
-  // 20.5 s (the host faults fresh guest memory in slowly), into huge pages 5.5 s, and 1.6 s on two
-  // threads (copy()).
+  // so never a huge page. On this project's VM huge pages and two threads (copy()) made a 5 GB
+  // copy 12x faster (docs/PERFORMANCE.md, "Weights copied out of the page cache").
   Status reserve(size_t bytes) {
     TF_ASSIGN_OR_RETURN(HostBlock b, map_block(bytes));
     arena_ = b.get();

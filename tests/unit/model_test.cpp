@@ -116,13 +116,18 @@ TEST_F(ModelTest, SnapshotResumesBitExact) {
   EXPECT_EQ(0, std::memcmp(l1.data(), l2.data(), l1.size() * 4));
 }
 
-TEST(ModelLoad, PackedExpertsAndMtpLoad) {
-  testing::TempDir dir;
+// A small checkpoint with packed experts, an MTP head and f16 weights.
+RandomCheckpointOptions packed_mtp_f16() {
   RandomCheckpointOptions o;
   o.packed_experts = true;
   o.mtp = true;
   o.dtype = DType::kF16;
-  testing::write_small_checkpoint(dir.path("p"), o);
+  return o;
+}
+
+TEST(ModelLoad, PackedExpertsAndMtpLoad) {
+  testing::TempDir dir;
+  testing::write_small_checkpoint(dir.path("p"), packed_mtp_f16());
   auto m = Model::load(dir.path("p"));
   ASSERT_TRUE(m.is_ok()) << m.status().to_string();
   ASSERT_NE((*m)->weights().mtp, nullptr);
@@ -162,11 +167,8 @@ std::vector<Mat> all_mats(const Weights& w) {
 // pointers stay inside the mapping).
 TEST(ModelLoad, CopiedWeightsEqualTheMappedOnes) {
   testing::TempDir dir;
-  RandomCheckpointOptions packed;
-  packed.packed_experts = true;
-  packed.mtp = true;
-  packed.dtype = DType::kF16;
-  for (const auto& [name, opts] : {std::pair{"s", RandomCheckpointOptions{}}, {"p", packed}}) {
+  for (const auto& [name, opts] :
+       {std::pair{"s", RandomCheckpointOptions{}}, {"p", packed_mtp_f16()}}) {
     testing::write_small_checkpoint(dir.path(name), opts);
     auto ckpt = Checkpoint::open(dir.path(name));
     ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
