@@ -6,12 +6,12 @@ namespace tf::cpu::kern {
 namespace {
 
 // Rows [r, r + R) x tokens [t, t + T) (rows counted from w and y) with those tokens' x rows.
-template <DType D, int R, int T>
+template <DType D, int R, int T, bool kAhead = false>
 inline void run_tile(const char* w, int64_t w_stride, int64_t K, int64_t r, const XRows& x,
                      int64_t t, float* y, int64_t ldy) {
   const float* xp[T];
   for (int i = 0; i < T; ++i) xp[i] = x.row(t + i);
-  tile<D, R, T>(w + r * w_stride, w_stride, K, xp, y + t * ldy + r, ldy);
+  tile<D, R, T, kAhead>(w + r * w_stride, w_stride, K, xp, y + t * ldy + r, ldy);
 }
 
 // All tokens [t0, t1) of rows [r, r + R): 4-token tiles and a narrower last one.
@@ -45,11 +45,21 @@ inline void row_tile_tokens(const char* w, int64_t w_stride, int64_t K, int64_t 
 
 // Few tokens (decode, verify passes of a few drafts): every row is read once, R rows at a time
 // with all T tokens (R x T accumulators, T inputs and a weight vector in the 32 registers).
+// Rows of kAheadRowBytes or more (each row of a tile its own 4 KiB page, or half of one) have the
+// tiles ask L2 for the next tile's rows (tile's kAhead): side by side on bench-mid, decode +1-9%
+// (docs/PERFORMANCE.md, "Decode tiles ask for the next tile's rows"); narrower rows (tiny-next's
+// 256-640 bytes: a tile is one or two sequential pages) are left to the hardware prefetcher,
+// where the prefetches cost 1-4%.
+constexpr int64_t kAheadRowBytes = 2048;
 template <DType D, int T, int R = 8>
 void gemm_few(const char* w, int64_t w_stride, int64_t K, int64_t rows, const XRows& x, float* y,
               int64_t ldy) {
   int64_t r = 0;
-  for (; r + R <= rows; r += R) run_tile<D, R, T>(w, w_stride, K, r, x, 0, y, ldy);
+  if (w_stride >= kAheadRowBytes) {
+    for (; r + R <= rows; r += R) run_tile<D, R, T, true>(w, w_stride, K, r, x, 0, y, ldy);
+  } else {
+    for (; r + R <= rows; r += R) run_tile<D, R, T>(w, w_stride, K, r, x, 0, y, ldy);
+  }
   for (; r + 2 <= rows; r += 2) run_tile<D, 2, T>(w, w_stride, K, r, x, 0, y, ldy);
   for (; r < rows; ++r) run_tile<D, 1, T>(w, w_stride, K, r, x, 0, y, ldy);
 }

@@ -170,14 +170,23 @@ inline void hsum_many(const Vec* v, int n, float* out) {
 }
 
 // R weight rows x T tokens, all K: y[t * ldy + r] for r < R, t < T.
-template <DType D, int R, int T>
+// kAhead: while it streams its rows, the tile asks L2 for the R rows after them at the same
+// column (one tile ahead), so that the next tile's rows, each a fresh 4 KiB page for the hardware
+// prefetcher, do not start on DRAM misses. Prefetches change no result.
+template <DType D, int R, int T, bool kAhead = false>
 inline void tile(const char* w, int64_t w_stride, int64_t K, const float* const* x, float* y,
                  int64_t ldy) {
   Vec acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = vzero();
   const int64_t K16 = K - K % kLanes;
+  constexpr int64_t kLine = 64 / (D == DType::kF32 ? 4 : 2);  // elements per cache line
   for (int64_t k = 0; k < K16; k += kLanes) {
+    if constexpr (kAhead) {
+      if (k % kLine == 0)
+        for (int r = 0; r < R; ++r)
+          __builtin_prefetch(w + (R + r) * w_stride + k * (D == DType::kF32 ? 4 : 2), 0, 2);
+    }
     Vec xv[T];
     for (int t = 0; t < T; ++t) xv[t] = load_x(x[t], k);
     for (int r = 0; r < R; ++r) {
