@@ -462,7 +462,8 @@ int draft_table(Model& model, const DraftCompareOptions& base, const std::string
       const DraftComparison c =
           compare_drafting(model, prompts.get<std::vector<std::vector<int32_t>>>(), stops, o);
       same = same && c.same_tokens;
-      std::printf("  %s\n", describe(kind, n, c).c_str());
+      std::printf("  %s\n    the prior's cost per token: %s\n", describe(kind, n, c).c_str(),
+                  describe_costs(c).c_str());
       std::fflush(stdout);
     }
   }

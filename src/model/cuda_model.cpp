@@ -838,6 +838,7 @@ void CudaModel::run_graph(const std::vector<int64_t>& key, const std::function<v
   TF_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   TF_CUDA_CHECK(cudaGraphDestroy(graph));
   graphs_.emplace(key, exec);
+  ++captures_;
 }
 
 residency::CudaApi CudaModel::residency_api() {

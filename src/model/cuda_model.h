@@ -183,6 +183,9 @@ class CudaModel {
   // Decode and verify steps, and drafts, through CUDA graphs (default on); off: every step
   // launches its kernels.
   void set_graphs(bool on) { graphs_on_ = on; }
+  // CUDA graphs captured so far: a step that captured one (a shape's first use, or any shape
+  // again after a buffer grew) ran its kernels twice and instantiated the graph.
+  int64_t graph_captures() const { return captures_; }
   const ModelConfig& config() const { return config_; }
   const CudaWeightBytes& weight_bytes() const { return bytes_; }
   // The runtime calls of residency's CUDA mapping (residency/cuda_backend.h) on this model's
@@ -261,6 +264,7 @@ class CudaModel {
   // and drops the graphs (they hold the old addresses).
   uint64_t generation_ = 0, graphs_gen_ = 0;
   bool graphs_on_ = true;
+  int64_t captures_ = 0;
   // cudaGraphExec_t by key: steps {0, N, nseq, R, mtp}, drafts {1, want_logits, ks...},
   // mtp_sync {2, M}.
   std::map<std::vector<int64_t>, void*> graphs_;

@@ -116,6 +116,13 @@ size_t Model::device_memory_bytes() const {
   return 0;
 }
 
+int64_t Model::graph_captures() const {
+#ifdef TF_HAVE_CUDA
+  if (cuda_) return cuda_->graph_captures();
+#endif
+  return 0;
+}
+
 #ifdef TF_HAVE_CUDA
 namespace {
 CudaSequenceState* device_state(SequenceState* s) {

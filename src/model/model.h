@@ -242,6 +242,9 @@ class Model {
   void follow_device_buffers(BufferObserver* o) const;
   // The device's memory in bytes (the default device budget); 0 on the host.
   size_t device_memory_bytes() const;
+  // CUDA graphs the device model has captured so far (CudaModel::graph_captures); 0 on the host.
+  // A step during which it grew did one-time work (the engine's drafting policy skips it).
+  int64_t graph_captures() const;
 
  private:
   // Rows of one sequence in an attention layer: T new rows at positions pos0.. of `cache`.

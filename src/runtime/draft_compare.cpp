@@ -141,4 +141,11 @@ std::string describe(const std::string& kind, int streams, const DraftComparison
       c.same_tokens ? "" : " (TOKENS DIFFER)");
 }
 
+std::string describe_costs(const DraftComparison& c) {
+  std::string s;
+  for (size_t k = 0; k < c.stats.draft_costs.size(); ++k)
+    s += fmt::format("{}k={} {:.1f} us", k ? ", " : "", k, 1e6 * c.stats.draft_costs[k]);
+  return s;
+}
+
 }  // namespace tf

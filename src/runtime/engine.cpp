@@ -261,6 +261,7 @@ void Engine::step() {
   }
   if (plan.empty()) return;
   const double c0 = mtp_ ? policy_clock(model_) : 0.0;
+  const int64_t captures0 = mtp_ ? model_.graph_captures() : 0;
 
   // Draft: one batched Model::draft over the decode rows granted drafts.
   std::vector<DraftInput> din;
@@ -317,7 +318,13 @@ void Engine::step() {
     row += n;
   }
   // The policies learn the step's whole cost: drafting, the forward and the commit (sampling the
-  // verify rows, the rollback), which a verify step makes dearer than a plain one.
+  // verify rows, the rollback), which a verify step makes dearer than a plain one. Not from a
+  // step that captured a CUDA graph: its one-time work (the kernels run twice, the graph
+  // instantiated: several plain steps' time) would make its k look dear for as long as the
+  // measurement is kept, and a probe's step replaces all that was known of its k. (On an H100,
+  // 2026-12-06, warm prose at one stream drafted k = 1 on every step at 0.94x of plain, the
+  // model-level costs putting k = 1 at break-even: docs/PERFORMANCE.md.)
+  if (!observed_.empty() && model_.graph_captures() != captures0) observed_.clear();
   if (!observed_.empty()) {
     const double cost = policy_clock(model_) - c0;
     for (const Observed& ob : observed_) {
@@ -340,6 +347,10 @@ void Engine::step() {
   std::lock_guard<std::mutex> lock(mu_);
   sched_.commit(plan);
   ++stats_.steps;
+  if (mtp_) {
+    stats_.draft_costs.resize(o_.draft_max + 1);
+    for (int k = 0; k <= o_.draft_max; ++k) stats_.draft_costs[k] = prior_.cost(k);
+  }
   stats_.pool = states_.stats();
 }
 

@@ -114,6 +114,9 @@ struct EngineStats {
   uint64_t draft_steps = 0, drafted_tokens = 0, accepted_tokens = 0;
   // Of those, the prompt-lookup drafts (EngineOptions::draft_lookup) and how many were accepted.
   uint64_t lookup_tokens = 0, lookup_accepted = 0;
+  // The engine's drafting prior: seconds per emitted token with k = 0 .. draft_max MTP drafts per
+  // step (DraftPolicy::cost; 0: not measured). Empty without drafting.
+  std::vector<double> draft_costs;
   size_t waiting = 0, running = 0;  // requests (keep jobs not included)
   size_t keeping = 0;               // keep jobs queued or running
   StatePoolStats pool;
