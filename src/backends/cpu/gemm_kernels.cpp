@@ -46,7 +46,7 @@ inline void row_tile_tokens(const char* w, int64_t w_stride, int64_t K, int64_t 
 // Few tokens (decode, verify passes of a few drafts): every row is read once, R rows at a time
 // with all T tokens (R x T accumulators, T inputs and a weight vector in the 32 registers).
 // Rows of kAheadRowBytes or more (each row of a tile its own 4 KiB page, or half of one) have the
-// tiles ask L2 for the next tile's rows (tile's kAhead): side by side on bench-mid, decode +1-9%
+// tiles ask L2 for the next tile's rows (tile's kAhead): side by side on bench-mid, decode +3-13%
 // (docs/PERFORMANCE.md, "Decode tiles ask for the next tile's rows"); narrower rows (tiny-next's
 // 256-640 bytes: a tile is one or two sequential pages) are left to the hardware prefetcher,
 // where the prefetches cost 1-4%.
