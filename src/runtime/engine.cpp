@@ -322,8 +322,8 @@ void Engine::step() {
   // step that captured a CUDA graph: its one-time work (the kernels run twice, the graph
   // instantiated: several plain steps' time) would make its k look dear for as long as the
   // measurement is kept, and a probe's step replaces all that was known of its k. (On an H100,
-  // 2026-12-06, warm prose at one stream drafted k = 1 on every step at 0.94x of plain, the
-  // model-level costs putting k = 1 at break-even: docs/PERFORMANCE.md.)
+  // 2026-12-06, warm prose at one stream: k = 1 on every step at 0.94x of plain before, plain
+  // steps at 0.99x with it: docs/PERFORMANCE.md, "The prior's probes on the device".)
   if (!observed_.empty() && model_.graph_captures() != captures0) observed_.clear();
   if (!observed_.empty()) {
     const double cost = policy_clock(model_) - c0;
