@@ -107,15 +107,25 @@ DraftComparison compare_drafting(const Model& model,
     warm_drafted = std::make_unique<Engine>(model, dro);
   }
   for (int rep = 0; rep < o.reps; ++rep) {
+    // Plain first in even reps, drafted first in odd ones, so that neither kind always runs
+    // second (after the other has warmed or loaded the machine).
     Run p, d;
-    if (o.warm) {
-      p = run_once(*warm_plain, prompts, stops, o);
-      d = run_once(*warm_drafted, prompts, stops, o);
+    auto run_plain = [&] {
+      if (o.warm) return run_once(*warm_plain, prompts, stops, o);
+      Engine e(model, po);
+      return run_once(e, prompts, stops, o);
+    };
+    auto run_drafted = [&] {
+      if (o.warm) return run_once(*warm_drafted, prompts, stops, o);
+      Engine e(model, dro);
+      return run_once(e, prompts, stops, o);
+    };
+    if (rep % 2 == 0) {
+      p = run_plain();
+      d = run_drafted();
     } else {
-      Engine pe(model, po);
-      p = run_once(pe, prompts, stops, o);
-      Engine de(model, dro);
-      d = run_once(de, prompts, stops, o);
+      d = run_drafted();
+      p = run_plain();
     }
     c.same_tokens = c.same_tokens && p.replies == d.replies;
     if (p.tokens_per_s > plain.tokens_per_s) plain = std::move(p);

@@ -47,10 +47,10 @@ struct DraftComparison {
   }
 };
 
-// Runs `prompts` o.reps times plain and drafted (alternating), each run on a fresh engine (or, with
-// o.warm, on one engine of each kind) with the kept-state pool off. tokens/s = tokens generated /
-// wall time from the first submit to the last reply's last token (prefill included, the same work
-// either way).
+// Runs `prompts` o.reps times plain and drafted (alternating, and which goes first alternates by
+// rep), each run on a fresh engine (or, with o.warm, on one engine of each kind) with the
+// kept-state pool off. tokens/s = tokens generated / wall time from the first submit to the last
+// reply's last token (prefill included, the same work either way).
 DraftComparison compare_drafting(const Model& model,
                                  const std::vector<std::vector<int32_t>>& prompts,
                                  const std::vector<int32_t>& stops, const DraftCompareOptions& o);
