@@ -109,23 +109,18 @@ DraftComparison compare_drafting(const Model& model,
   for (int rep = 0; rep < o.reps; ++rep) {
     // Plain first in even reps, drafted first in odd ones, so that neither kind always runs
     // second (after the other has warmed or loaded the machine).
+    auto run = [&](Engine* warm, const EngineOptions& eo) {
+      if (warm != nullptr) return run_once(*warm, prompts, stops, o);
+      Engine e(model, eo);
+      return run_once(e, prompts, stops, o);
+    };
     Run p, d;
-    auto run_plain = [&] {
-      if (o.warm) return run_once(*warm_plain, prompts, stops, o);
-      Engine e(model, po);
-      return run_once(e, prompts, stops, o);
-    };
-    auto run_drafted = [&] {
-      if (o.warm) return run_once(*warm_drafted, prompts, stops, o);
-      Engine e(model, dro);
-      return run_once(e, prompts, stops, o);
-    };
     if (rep % 2 == 0) {
-      p = run_plain();
-      d = run_drafted();
+      p = run(warm_plain.get(), po);
+      d = run(warm_drafted.get(), dro);
     } else {
-      d = run_drafted();
-      p = run_plain();
+      d = run(warm_drafted.get(), dro);
+      p = run(warm_plain.get(), po);
     }
     c.same_tokens = c.same_tokens && p.replies == d.replies;
     if (p.tokens_per_s > plain.tokens_per_s) plain = std::move(p);

@@ -325,7 +325,8 @@ void Engine::step() {
   // 2026-12-06, warm prose at one stream: k = 1 on every step at 0.94x of plain before, plain
   // steps at 0.99x with it: docs/PERFORMANCE.md, "The prior's probes on the device".)
   if (!observed_.empty() && model_.graph_captures() != captures0) observed_.clear();
-  if (!observed_.empty()) {
+  const bool learned = !observed_.empty();
+  if (learned) {
     const double cost = policy_clock(model_) - c0;
     for (const Observed& ob : observed_) {
       auto it = active_.find(ob.seq);
@@ -347,7 +348,7 @@ void Engine::step() {
   std::lock_guard<std::mutex> lock(mu_);
   sched_.commit(plan);
   ++stats_.steps;
-  if (mtp_) {
+  if (learned) {  // the prior changed
     stats_.draft_costs.resize(o_.draft_max + 1);
     for (int k = 0; k <= o_.draft_max; ++k) stats_.draft_costs[k] = prior_.cost(k);
   }

@@ -180,12 +180,11 @@ inline void tile(const char* w, int64_t w_stride, int64_t K, const float* const*
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = vzero();
   const int64_t K16 = K - K % kLanes;
-  constexpr int64_t kLine = 64 / (D == DType::kF32 ? 4 : 2);  // elements per cache line
+  constexpr int64_t kElt = D == DType::kF32 ? 4 : 2;  // bytes per weight
   for (int64_t k = 0; k < K16; k += kLanes) {
     if constexpr (kAhead) {
-      if (k % kLine == 0)
-        for (int r = 0; r < R; ++r)
-          __builtin_prefetch(w + (R + r) * w_stride + k * (D == DType::kF32 ? 4 : 2), 0, 2);
+      if (k * kElt % 64 == 0)  // once per cache line
+        for (int r = 0; r < R; ++r) __builtin_prefetch(w + (R + r) * w_stride + k * kElt, 0, 2);
     }
     Vec xv[T];
     for (int t = 0; t < T; ++t) xv[t] = load_x(x[t], k);
