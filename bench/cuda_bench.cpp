@@ -16,7 +16,8 @@
 // cudaProfilerStart and Stop, for `ncu --profile-from-start off`; --draft-max-streams N, default 1:
 // EngineOptions::draft_max_streams; --draft-reps N: the engine comparison's best of N, default 3;
 // --draft-lookup N: EngineOptions::draft_lookup; --draft-warm: one engine per kind for every rep,
-// DraftCompareOptions::warm).
+// DraftCompareOptions::warm)  --step-times (after each batch's timed steps, as many again with
+// CudaModel::set_step_times on: where a step's wall time goes, printed after the table).
 // Bytes per decode step: every non-expert weight of the layers once, the lm_head once, one
 // embedding row per row, and per MoE layer the distinct routed experts of the step (k at batch 1;
 // at batch B the expected number under uniform routing, E (1 - (1 - k/E)^B)); plus per sequence
@@ -484,7 +485,7 @@ int run(int argc, char** argv) {
   int steps = 64, prompt = 32, prefill = 512;
   bool graphs = true, kernels = false, engine = false;
   int draft = 0;  // --draft K: plain against drafted decoding through the engine
-  bool profile = false;
+  bool profile = false, step_times = false;
   DraftCompareOptions dopt;  // the engine comparison's --draft-* flags (draft_max = --draft)
   dopt.threads = 1;
   std::string draft_prompts = "bench/draft_prompts.json";
@@ -516,6 +517,8 @@ int run(int argc, char** argv) {
       graphs = false;
     else if (a == "--kernels")
       kernels = true;
+    else if (a == "--step-times")
+      step_times = true;
     else if (a == "--engine")
       engine = true;
     else if (a == "--draft")
@@ -541,7 +544,7 @@ int run(int argc, char** argv) {
           stderr,
           "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
           "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
-          "[--kernels] [--engine] [--draft K [--draft-fixed] [--draft-prompts JSON] "
+          "[--kernels] [--step-times] [--engine] [--draft K [--draft-fixed] [--draft-prompts JSON] "
           "[--draft-streams 1,4] [--draft-max-streams 1] [--draft-reps 3] [--draft-lookup N] "
           "[--draft-warm] [--profile]]\n");
       return 2;
@@ -633,6 +636,7 @@ int run(int argc, char** argv) {
     std::printf("| prefill %d tokens | 1 | %.0f | %.2f | | | |\n", prefill, prefill / best,
                 best * 1e3);
   }
+  std::vector<std::string> times;  // --step-times lines
   for (int B : batches) {
     std::vector<CudaSequenceState> st(B);
     std::vector<int32_t> next(B);
@@ -670,7 +674,22 @@ int run(int argc, char** argv) {
     std::printf("| decode%s | %d | %.1f | %.3f | %.3f | %.0f | %.1f |\n",
                 graphs ? "" : " (no graphs)", B, B / dt, dt * 1e3, bytes / 1e9, gbs,
                 100.0 * gbs / bw);
+    if (step_times) {
+      m->set_step_times(true);
+      const double t0 = now_s();
+      decode(steps);
+      const double wall = (now_s() - t0) / steps * 1e3;
+      const CudaModel::StepTimes st = m->step_times();
+      m->set_step_times(false);
+      const double n = static_cast<double>(std::max<int64_t>(1, st.steps));
+      const double a = st.to_graph_ms / n, g = st.graph_ms / n, r = st.argmax_ms / n;
+      times.push_back(fmt::format(
+          "batch {}: {:.3f} ms a step = {:.3f} to the graph's start (table built, copied) + "
+          "{:.3f} graph + {:.3f} argmax and read-back + {:.3f} host after it",
+          B, wall, a, g, r, wall - a - g - r));
+    }
   }
+  for (const std::string& line : times) std::printf("step times, %s\n", line.c_str());
   if (draft > 0 && m->has_mtp()) draft_cost_table(*m, prompt, 100, profile ? draft : 0, rng);
   if (engine && host) {
     if (Status st = host->use_cuda(); !st.is_ok()) {

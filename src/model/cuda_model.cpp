@@ -420,6 +420,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create_dummy(const ModelConfig& c,
 
 CudaModel::~CudaModel() {
   drop_graphs();
+  for (void* e : step_events_)
+    if (e != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   device_heap().free(pinned_);
   if (stream_) cudaStreamDestroy(as_stream(stream_));
 }
@@ -877,13 +879,18 @@ int64_t CudaModel::step(std::span<const CudaStepInput> in) {
   }
   int64_t N = 0, nseq = 0;
   bool mtp = false;
+  const cudaStream_t s = as_stream(stream_);
+  const bool timed = step_events_[0] != nullptr;
+  if (timed) TF_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(step_events_[0]), s));
   const int64_t R = prepare(in, &N, &nseq, &mtp);
   if (N == 0) return 0;
   auto run = [&] { enqueue(N, nseq, R, mtp); };
+  if (timed) TF_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(step_events_[1]), s));
   if (graph)
     run_graph({0, N, nseq, R, mtp}, run);
   else
     run();
+  if (timed) TF_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(step_events_[2]), s));
   // The head's rows of states with kMtpSyncRows or more due (never inside a verify window, whose
   // rejected tokens would leave rows behind).
   std::vector<CudaSequenceState*> due;
@@ -926,7 +933,32 @@ void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
   tokens->resize(first + R);
   TF_CUDA_CHECK(
       cudaMemcpyAsync(tokens->data() + first, d, R * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+  if (step_events_[0] != nullptr) {
+    auto ev = [&](int i) { return static_cast<cudaEvent_t>(step_events_[i]); };
+    TF_CUDA_CHECK(cudaEventRecord(ev(3), s));
+    TF_CUDA_CHECK(cudaEventSynchronize(ev(3)));
+    float a = 0, b = 0, c = 0;
+    TF_CUDA_CHECK(cudaEventElapsedTime(&a, ev(0), ev(1)));
+    TF_CUDA_CHECK(cudaEventElapsedTime(&b, ev(1), ev(2)));
+    TF_CUDA_CHECK(cudaEventElapsedTime(&c, ev(2), ev(3)));
+    ++step_times_.steps;
+    step_times_.to_graph_ms += a, step_times_.graph_ms += b, step_times_.argmax_ms += c;
+  }
   TF_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void CudaModel::set_step_times(bool on) {
+  step_times_ = StepTimes{};
+  for (void*& e : step_events_) {
+    if (on && e == nullptr) {
+      cudaEvent_t ev;
+      TF_CUDA_CHECK(cudaEventCreate(&ev));
+      e = ev;
+    } else if (!on && e != nullptr) {
+      TF_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(e)));
+      e = nullptr;
+    }
+  }
 }
 
 // ---- the MTP head ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@
 // of a token are summed in ascending index order, as on the CPU.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -186,6 +187,17 @@ class CudaModel {
   // CUDA graphs captured so far: a step that captured one (a shape's first use, or any shape
   // again after a buffer grew) ran its kernels twice and instantiated the graph.
   int64_t graph_captures() const { return captures_; }
+  // Where forward_greedy's steps spend their time (cuda_bench --step-times), from device
+  // timestamps taken when on: the step's start (before the host builds and copies its table) to
+  // the graph's start, the graph (the kernels), and the argmax with its read-back; summed over
+  // the steps since it was turned on. A step's wall time minus the three is the host's part after
+  // the read-back (the caller's own work, waking from the synchronisation).
+  struct StepTimes {
+    int64_t steps = 0;
+    double to_graph_ms = 0, graph_ms = 0, argmax_ms = 0;
+  };
+  void set_step_times(bool on);
+  StepTimes step_times() const { return step_times_; }
   const ModelConfig& config() const { return config_; }
   const CudaWeightBytes& weight_bytes() const { return bytes_; }
   // The runtime calls of residency's CUDA mapping (residency/cuda_backend.h) on this model's
@@ -265,6 +277,8 @@ class CudaModel {
   uint64_t generation_ = 0, graphs_gen_ = 0;
   bool graphs_on_ = true;
   int64_t captures_ = 0;
+  std::array<void*, 4> step_events_{};  // cudaEvent_t; set while step times are taken
+  StepTimes step_times_;
   // cudaGraphExec_t by key: steps {0, N, nseq, R, mtp}, drafts {1, want_logits, ks...},
   // mtp_sync {2, M}.
   std::map<std::vector<int64_t>, void*> graphs_;

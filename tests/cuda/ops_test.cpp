@@ -470,6 +470,35 @@ TEST_F(CudaOps, RouteTopkTiesAndManyExperts) {
   }
 }
 
+// The ranked picks (E <= 512, k <= 16) against the pick-by-pick scan, experts and weights bit for
+// bit: random logits, ties across warps, every logit equal (every entry a candidate), a row of
+// one large logit, and E below a warp's multiple. Ranking without the index tie-break (r counting
+// only larger keys) fails this test: two tied picks share a rank.
+TEST_F(CudaOps, RouteTopkRanksEqualScan) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{512, 10}, {512, 16}, {64, 10},
+                                                           {37, 3},   {6, 2},    {8, 8}};
+  for (const auto& [E, k] : shapes) {
+    const int64_t n = 6;
+    auto logits = randn(n * E, static_cast<uint32_t>(70 + E + k));
+    for (int64_t e = E / 4; e < E / 2; ++e) logits[E + e] = 3.0f;  // row 1: a tied block
+    for (int64_t e = 0; e < E; ++e) logits[2 * E + e] = -1.5f;     // row 2: all equal
+    logits[3 * E + E - 1] = 50.0f;                                 // row 3: one large logit
+    for (int64_t e = 0; e < E; e += 5) logits[4 * E + e] = 2.5f;   // row 4: ties in every warp
+    Dev<float> dl(logits), w1(n * k), w2(n * k);
+    Dev<int32_t> e1(n * k), e2(n * k);
+    cuda::route_topk(dl.p, n, E, E, k, true, e1.p, w1.p, nullptr);
+    cuda::route_topk(dl.p, n, E, E, k, true, e2.p, w2.p, nullptr, /*scan=*/true);
+    EXPECT_EQ(e1.host(), e2.host()) << E << " " << k;
+    const auto a = w1.host(), b = w2.host();
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << E << " " << k;
+    const auto ex = e1.host();
+    for (int64_t t = 0; t < n; ++t) {
+      const std::vector<int> idx = descending_order(&logits[t * E], E);
+      for (int s = 0; s < k; ++s) EXPECT_EQ(ex[t * k + s], idx[s]) << E << " " << t << " " << s;
+    }
+  }
+}
+
 // The batched state ops against the one-sequence ops, bit for bit: two sequences (3 tokens and 1)
 // in one launch each of conv_silu_seqs, delta_rule_seqs, kv_append + attention_table.
 TEST_F(CudaOps, SequenceTablesMatchPerSequenceOps) {

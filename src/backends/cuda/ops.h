@@ -86,11 +86,13 @@ void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cac
 // MoE routing per token: softmax over E logits (fp32), the top k (ties to the lower index), their
 // weights renormalised over the k when `renorm`. logits [n, ld] (the first E of each row);
 // experts, weights [n, k].
-// One block of 512 threads per token (thread i: e = i + 512 m): the softmax max and sum by block
-// trees; pick s is the largest (logit, lower index) below pick s-1, found by warp reductions and
-// a join of the warps' results. k <= E, k <= 512.
+// One block of 512 threads per token. For E <= 512 and k <= 16 the picks are ranked among the
+// entries at or above the k-th largest of the 16 warps' maxima (three barriers); otherwise, or
+// with `scan`, pick s is the largest (logit, lower index) below pick s-1, found by warp
+// reductions and a join of the warps' results (thread i: e = i + 512 m; a barrier per pick).
+// Both give the same bits. k <= E, k <= 512.
 void route_topk(const float* logits, int64_t n, int64_t E, int64_t ld, int64_t k, bool renorm,
-                int32_t* experts, float* weights, cudaStream_t stream);
+                int32_t* experts, float* weights, cudaStream_t stream, bool scan = false);
 
 // ---- MoE experts read from device memory (no host round trip; capturable in a CUDA graph) ----
 // Experts are packed: wg, wu [E, I, H] and wd [E, H, I] in `wtype` (bf16 or f32).
