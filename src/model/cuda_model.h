@@ -229,9 +229,15 @@ class CudaModel {
                       float* y);
   // The layer's MLP (MoE or dense) on xn [N, H], its output added to the residual x, then
   // out = rmsnorm_zc(x) with weight `norm` (the next layer's input norm, the final norm, or the
-  // MTP head's). y: scratch [N, H]. out may be xn.
-  void mlp(const DevLayer& L, int64_t N, float* x, const float* xn, float* y, const float* norm,
-           float* out);
+  // MTP head's). y: scratch [N, H]. out may be xn. With mixer_out (where router_adds): x and xn
+  // are those before the mixer's output joined the residual; the router product forms x +
+  // mixer_out and the layer's post-mixer norm of it into xn first. out_rows (MoE layers): a
+  // device table [N] of further destinations of out's rows (null entries skipped).
+  void mlp(const DevLayer& L, int64_t N, float* x, float* xn, float* y, const float* norm,
+           float* out, const float* mixer_out = nullptr, float* const* out_rows = nullptr);
+  // Whether the layer's MLP takes mixer_out for N tokens: one token, a MoE layer of bf16 router
+  // weights on the slot path.
+  bool router_adds(const DevLayer& L, int64_t N) const;
   void ffn(const DevFfn& f, const float* x, int64_t N, float* y);
   // The MTP head's fc input u [M, 2H] = [rmsnorm(embed(ids)) | rmsnorm(hid)] (ids, hid on the
   // device), then fc and the layer's input norm: x [M, H] (the residual), xn [M, H].

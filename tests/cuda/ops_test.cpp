@@ -99,6 +99,34 @@ TEST_F(CudaOps, MatmulBf16MatchesCpuAndIsBatchInvariant) {
   EXPECT_EQ(std::memcmp(y1.data(), y.data() + 3 * rows, rows * sizeof(float)), 0);
 }
 
+// matmul_add_rmsnorm against add_rmsnorm_zc then matmul, bit for bit: x + r, the normed row and
+// the product, at the 80B-A3B router's shape (513 x 2048: blocks of 8 rows, one partial) and a
+// small one (37 x 96: fewer columns than the norm's 256 threads), 8 inputs each (a changed order of
+// the sum of squares may still round to the same norm on one). A prologue whose threads sum the
+// squares of contiguous runs of columns instead of add_rmsnorm_zc's strided ones fails it.
+TEST_F(CudaOps, MatmulAddRmsnormEqualsTheTwoKernels) {
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{513, 2048}, {37, 96}}) {
+    const auto wf = randn(rows * cols, 130), nw = randn(cols, 133);
+    std::vector<uint16_t> w(rows * cols);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(wf[i]);
+    Dev<uint16_t> dw(w);
+    Dev<float> dnw(nw);
+    for (uint32_t seed = 0; seed < 8; ++seed) {
+      const auto x = randn(cols, 131 + 2 * seed), r = randn(cols, 132 + 2 * seed);
+      Dev<float> dr(r), x1(x), xo(cols), xn1(cols), y1(rows);
+      cuda::matmul_add_rmsnorm(dw.p, rows, cols, x1.p, dr.p, dnw.p, 1e-6f, xo.p, xn1.p, y1.p,
+                               nullptr);
+      Dev<float> x2(x), xn2(cols), y2(rows);
+      cuda::add_rmsnorm_zc(x2.p, dr.p, dnw.p, 1, cols, 1e-6f, xn2.p, nullptr);
+      cuda::matmul(DType::kBF16, dw.p, rows, cols, xn2.p, 1, y2.p, nullptr);
+      EXPECT_EQ(xo.host(), x2.host()) << rows << " " << seed;
+      EXPECT_EQ(xn1.host(), xn2.host()) << rows << " " << seed;
+      EXPECT_EQ(y1.host(), y2.host()) << rows << " " << seed;
+      EXPECT_EQ(x1.host(), x) << rows << " " << seed;  // x itself untouched
+    }
+  }
+}
+
 // Metric: max absolute difference against the CPU ops; tolerance 1e-5 (expf / sincosf ulps).
 TEST_F(CudaOps, SiluMulAndRopeMatchCpu) {
   const int64_t n = 4096;

@@ -286,6 +286,73 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
   }
 }
 
+// One-token products whose input row is a norm of the kernel before's output, formed by every
+// block in shared memory (xs [cols]) with the bits of the norm kernel it replaces: that kernel's
+// 256 threads (thread u: d = u + 256 m, its squares summed in m order, each warp's xor tree, the
+// warps added in order) run by this block's warps in turn, so any block size gives the same bits.
+// Then warp w computes row blockIdx.x warps + w against xs as matmul's one-token kernel does
+// (warp_rows, kR 1, kC 4: the same bits). One launch and one wait fewer than norm, then product.
+
+// add_rmsnorm_zc's row: v = x + r, then rmsnorm_zc(v) (weight nw, eps). The blocks also store their
+// slices of v (x_out: x is read by every block, so v cannot go back to it) and of the normed row
+// (xn), for the kernels after.
+struct AddNormRow {
+  const float *x, *r, *nw;
+  float eps;
+  float *x_out, *xn;
+  static constexpr int kParts = kNormThreads / kWarp;
+  __device__ __forceinline__ void operator()(float* xs, float* part, int64_t cols) const {
+    const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
+    const int lane = tid % kWarp;
+    for (int u0 = tid - lane; u0 < kNormThreads; u0 += nthreads) {  // add_rmsnorm_zc's warp u0/32
+      float ss = 0;
+      for (int64_t d = u0 + lane; d < cols; d += kNormThreads) {
+        const float v = x[d] + r[d];
+        xs[d] = v;
+        ss = fmaf(v, v, ss);
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) part[u0 / kWarp] = ss;
+    }
+    __syncthreads();
+    float total = 0;
+#pragma unroll
+    for (int q = 0; q < kParts; ++q) total += part[q];
+    const float rs = rsqrtf(total / static_cast<float>(cols) + eps);
+    for (int64_t d = static_cast<int64_t>(blockIdx.x) * nthreads + tid; d < cols;
+         d += static_cast<int64_t>(gridDim.x) * nthreads) {
+      const float v = x[d] + r[d];
+      x_out[d] = v;
+      xn[d] = v * rs * (1.0f + nw[d]);
+    }
+    for (int64_t d = tid; d < cols; d += nthreads) xs[d] = xs[d] * rs * (1.0f + nw[d]);
+    __syncthreads();
+  }
+};
+
+// Dynamic shared memory: xs [cols], then the row's partial sums [parts]. The rows' weights are
+// asked of L2 before the wait on the kernel before (weights are never written by a step).
+template <class Row>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
+    matmul_norm_kernel(const __nv_bfloat16* __restrict__ w, int64_t rows, int64_t cols, Row in,
+                       float* __restrict__ y) {
+  extern __shared__ float4 dyn_smem[];
+  float* xs = reinterpret_cast<float*>(dyn_smem);
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  pdl_launch_next();
+  if (lane == 0 && row < rows) prefetch_l2(w + row * cols, static_cast<uint32_t>(cols * 2));
+  pdl_wait();
+  in(xs, xs + cols, cols);
+  if (row >= rows) return;
+  float acc[1][1];
+  const __nv_bfloat16* wr = w + row * cols;
+  warp_rows<__nv_bfloat16, 1, 1, 4>([wr](int) { return wr; }, 1, cols, [xs](int) { return xs; }, 1,
+                                    acc);
+  const float v = warp_sum(acc[0][0]);
+  if (lane == 0) y[row] = v;
+}
+
 // Gate and up rows of one expert as warp_rows' weight rows: q < kGroupRows is gate row i0 + q (gr:
 // row i0), the others up row i0 + q - kGroupRows (ur); a missing last row (nr < kGroupRows)
 // repeats row i0 and is not stored.
@@ -525,8 +592,10 @@ __global__ void __cluster_dims__(kCombineSplit, 1, 1) __launch_bounds__(kCombine
     moe_combine_kernel(const float* __restrict__ o, const int32_t* __restrict__ experts,
                        const float* __restrict__ w, int64_t k, int64_t H,
                        const float* __restrict__ shared, bool shared_in_o,
-                       const float* __restrict__ gate, int64_t gate_stride, float* __restrict__ x,
-                       const float* __restrict__ norm, float eps, float* __restrict__ xn) {
+                       const float* __restrict__ gate, int64_t gate_stride,
+                       const float* __restrict__ x_in, float* __restrict__ x,
+                       const float* __restrict__ norm, float eps, float* __restrict__ xn,
+                       float* const* rows_out) {
   pdl_enter();
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
@@ -548,6 +617,7 @@ __global__ void __cluster_dims__(kCombineSplit, 1, 1) __launch_bounds__(kCombine
   const float* sh = shared_in_o ? o + (t * kk + k) * H : shared ? shared + t * H : nullptr;
   const float gs = sh ? 1.0f / (1.0f + expf(-gate[t * gate_stride])) : 0.0f;
   float* xr = x + t * H;
+  const float* xi = x_in != nullptr ? x_in + t * H : xr;
   const int64_t per = (H + kCombineSplit - 1) / kCombineSplit;
   const int64_t d0 = b * per, d1 = d0 + per < H ? d0 + per : H;
   float ss = 0;
@@ -559,7 +629,7 @@ __global__ void __cluster_dims__(kCombineSplit, 1, 1) __launch_bounds__(kCombine
       if (jj < k) acc = fmaf(o[(t * kk + order[jj]) * H + d], wo[jj], acc);
     for (int jj = 16; jj < k; ++jj) acc = fmaf(o[(t * kk + order[jj]) * H + d], wo[jj], acc);
     if (sh) acc = fmaf(gs, sh[d], acc);
-    const float v = xr[d] + acc;
+    const float v = xi[d] + acc;
     xr[d] = v;
     ss = fmaf(v, v, ss);
   }
@@ -572,8 +642,12 @@ __global__ void __cluster_dims__(kCombineSplit, 1, 1) __launch_bounds__(kCombine
   for (int r = 0; r < kCombineSplit; ++r) total += cluster.map_shared_rank(part, r)[0];
   const float rs = rsqrtf(total / static_cast<float>(H) + eps);
   float* yr = xn + t * H;
-  for (int64_t d = d0 + threadIdx.x; d < d1; d += kCombineThreads)
-    yr[d] = xr[d] * rs * (1.0f + norm[d]);
+  float* ro = rows_out != nullptr ? rows_out[t] : nullptr;
+  for (int64_t d = d0 + threadIdx.x; d < d1; d += kCombineThreads) {
+    const float v = xr[d] * rs * (1.0f + norm[d]);
+    yr[d] = v;
+    if (ro != nullptr) ro[d] = v;
+  }
   cluster.sync();  // no block leaves while another may read its shared memory
 }
 
@@ -1608,6 +1682,27 @@ void rmsnorm_zc(const float* x, const float* w, int64_t n, int64_t dim, float ep
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
+// A warp per row, blocks of 8 warps; shared memory: the row, then `parts` partial sums.
+template <class Row>
+void launch_matmul_norm(const void* w, int64_t rows, int64_t cols, const Row& in, int64_t parts,
+                        float* y, cudaStream_t stream) {
+  if (rows == 0) return;
+  launch(matmul_norm_kernel<Row>,
+         static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock),
+         kWarpsPerBlock * kWarp, static_cast<size_t>(cols + parts) * sizeof(float), stream,
+         static_cast<const __nv_bfloat16*>(w), rows, cols, in, y);
+  TF_CUDA_CHECK(cudaGetLastError());
+}
+
+void matmul_add_rmsnorm(const void* w, int64_t rows, int64_t cols, const float* x, const float* r,
+                        const float* norm, float eps, float* x_out, float* xn, float* y,
+                        cudaStream_t stream) {
+  TF_CUDA_REQUIRE(cols % 8 == 0 && cols <= kNormRowMaxCols,
+                  "matmul_add_rmsnorm: cols must be a multiple of 8, at most 8192");
+  launch_matmul_norm(w, rows, cols, AddNormRow{x, r, norm, eps, x_out, xn}, AddNormRow::kParts, y,
+                     stream);
+}
+
 void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n,
             float* y, cudaStream_t stream) {
   TF_CUDA_REQUIRE(cols % 8 == 0, "matmul: cols must be a multiple of 8");
@@ -1764,11 +1859,12 @@ void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd
 void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t n, int64_t k,
                  int64_t H, const float* shared, bool shared_in_o, const float* gate,
                  int64_t gate_stride, float* x, const float* norm, float eps, float* xn,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const float* x_in, float* const* rows_out) {
   TF_CUDA_REQUIRE(k <= 64, "moe_combine: at most 64 experts per token");
   if (n == 0) return;
   launch(moe_combine_kernel, static_cast<unsigned>(n * kCombineSplit), kCombineThreads, 0, stream,
-         o, experts, w, k, H, shared, shared_in_o, gate, gate_stride, x, norm, eps, xn);
+         o, experts, w, k, H, shared, shared_in_o, gate, gate_stride, x_in, x, norm, eps, xn,
+         rows_out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 

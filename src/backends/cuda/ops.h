@@ -30,6 +30,17 @@ void rmsnorm_zc(const float* x, const float* w, int64_t n, int64_t dim, float ep
 void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n,
             float* y, cudaStream_t stream);
 
+// One-token products of bf16 weights whose input is a norm of the kernel before's output, in one
+// launch: every block forms the normed row in shared memory with the norm kernel's bits, then the
+// rows' products with matmul's bits. cols a multiple of 8, at most kNormRowMaxCols (with the
+// partial sums: 32 KiB of shared memory).
+inline constexpr int64_t kNormRowMaxCols = 8192;
+// x_out = x + r, xn = rmsnorm_zc(x_out) (weight norm, eps: add_rmsnorm_zc's bits), y = w xn. Every
+// block stores its slice of x_out and xn. x, r, x_out, xn [cols] (x_out must not be x), y [rows].
+void matmul_add_rmsnorm(const void* w, int64_t rows, int64_t cols, const float* x, const float* r,
+                        const float* norm, float eps, float* x_out, float* xn, float* y,
+                        cudaStream_t stream);
+
 // y = silu(g) * u, elementwise over n values (the SwiGLU of the MLPs and experts).
 void silu_mul(const float* g, const float* u, int64_t n, float* y, cudaStream_t stream);
 
@@ -129,14 +140,17 @@ void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd
 // The MoE output joined to the residual, and normed for the next layer, per token: y = the sum
 // over the k slots in ascending expert index of w[t, j] o[t, j] (fmaf from 0, the CPU model's
 // order), then y = fmaf(sigmoid(gate[t gate_stride]), shared[t], y) when there is a shared
-// expert; x[t] += y; then, when `norm` is given, xn[t] = rmsnorm_zc(x[t]) (weight norm [H]).
+// expert; x[t] += y (x[t] = x_in[t] + y when x_in is given); then, when `norm` is given, xn[t] =
+// rmsnorm_zc(x[t]) (weight norm [H]), also stored to rows_out[t] where that table (device, [n]) and
+// its entry are not null (the MTP head's hidden rows: store_rows without its launch).
 // o [n, k, H], experts, w [n, k], shared [n, H] or none, x, xn [n, H]. shared_in_o: o is [n, k + 1,
 // H] with the shared expert's output in slot k (then `shared` is not read). A cluster of 8 blocks
 // per token; the norm's sum of squares is the 8 blocks' partials added in block order.
 void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t n, int64_t k,
                  int64_t H, const float* shared, bool shared_in_o, const float* gate,
                  int64_t gate_stride, float* x, const float* norm, float eps, float* xn,
-                 cudaStream_t stream);
+                 cudaStream_t stream, const float* x_in = nullptr,
+                 float* const* rows_out = nullptr);
 
 // The attention block's row-local work in one kernel, from the stacked projection qkv [n, nh 2 D +
 // 2 n_kv D] (per head [query D | gate D], then k, then v): q = rope(rmsnorm_zc(query, q_norm))
