@@ -276,7 +276,10 @@ class CudaModel {
   DeviceArray<int32_t> route_ex_, route_sorted_, route_tiles_, argmax_, draft_tok_;
   DeviceArray<uint64_t> draft_table_, sync_table_;  // draft()'s and mtp_sync()'s tables
   std::vector<uint64_t> host_draft_table_, host_sync_table_;
-  void* pinned_ = nullptr;  // forward()'s logits on their way to the host
+  // Pinned host memory of at least `bytes` (pinned_, grown): forward()'s logits and
+  // forward_greedy()'s tokens on their way to the host.
+  void* pinned(size_t bytes);
+  void* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
   // Buffers are only ever replaced, never resized in place; each replacement bumps generation_
   // and drops the graphs (they hold the old addresses).

@@ -75,9 +75,9 @@ void causal_conv_silu(const float* in, const float* w, int64_t T, int64_t C, int
 // The gated delta rule, token by token, for T tokens of one sequence (decode, verify, and for now
 // prefill too: the recurrence is exact and split-invariant). Shapes as cpu::DeltaArgs: q, k
 // [T, Hk, Dk] (normed); v [T, Hv, Dv]; g, beta [T, Hv]; S [Hv, Dk, Dv] in/out; out [T, Hv, Dv].
-// Block (v-head, 32 value columns) of 4 warps, the state in registers across the tokens; warp w
-// sums rows w Dk/4 .. (w+1) Dk/4 in ascending order, then the four partials in warp order.
-// Dk a multiple of 4, at most 128.
+// Block (v-head, 32 value columns) of 8 warps, the state in registers across the tokens; warp w
+// sums rows w Dk/8 .. (w+1) Dk/8 in ascending order, then the eight partials in warp order.
+// Dk a multiple of 8, at most 128.
 void delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g,
                           const float* beta, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
                           int64_t Dv, float* S, float* out, cudaStream_t stream);
