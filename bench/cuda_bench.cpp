@@ -200,16 +200,20 @@ void kernel_table(const ModelConfig& c, int64_t ctx) {
             },
             reps),
         0);
-    DevBuf logits(64 * E * 4);
-    cudaMemset(logits.p, 0, 64 * E * 4);
-    row("route_topk",
-        time_graph(
-            [&](int, cudaStream_t s) {
-              cuda::route_topk(logits.f(), 1, E, E, k, true, dids.as<int32_t>() + 32 * k, dw.f(),
-                               s);
-            },
-            reps),
-        0);
+    // Random logits (DevBuf's fill), then a row of equal ones: the ranked top-k's worst case,
+    // which takes the scan.
+    DevBuf logits(64 * E * 4), equal(64 * E * 4);
+    cudaMemset(equal.p, 0, 64 * E * 4);
+    for (const auto& [name, l] : {std::pair<const char*, const DevBuf*>{"route_topk", &logits},
+                                  {"route_topk, all logits equal", &equal}}) {
+      row(name,
+          time_graph(
+              [&](int, cudaStream_t s) {
+                cuda::route_topk(l->f(), 1, E, E, k, true, dids.as<int32_t>() + 32 * k, dw.f(), s);
+              },
+              reps),
+          0);
+    }
     const int64_t mt = cuda::moe_max_tiles(32, k, E);
     DevBuf sorted(32 * k * 4), tiles((4 * mt + 1) * 4);
     row("moe_group, batch 32",

@@ -499,9 +499,10 @@ TEST_F(CudaOps, RouteTopkTiesAndManyExperts) {
 }
 
 // The ranked picks (E <= 512, k <= 16) against the pick-by-pick scan, experts and weights bit for
-// bit: random logits, ties across warps, every logit equal (every entry a candidate), a row of
-// one large logit, and E below a warp's multiple. Ranking without the index tie-break (r counting
-// only larger keys) fails this test: two tied picks share a rank.
+// bit: random logits, ties across warps, every logit equal and ties in every warp (past 64
+// candidates: the rank kernel's own scan), a row of one large logit, and E below a warp's
+// multiple. Ranking without the index tie-break (r counting only larger keys) fails this test: two
+// tied picks share a rank.
 TEST_F(CudaOps, RouteTopkRanksEqualScan) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{512, 10}, {512, 16}, {64, 10},
                                                            {37, 3},   {6, 2},    {8, 8}};

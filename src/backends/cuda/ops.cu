@@ -1233,14 +1233,13 @@ __device__ __forceinline__ void block_top(unsigned key, unsigned idx, unsigned* 
   *at = __reduce_min_sync(0xffffffffu, k2 == t && k2 != 0 ? i2 : 0xffffffffu);
   *top = t;
 }
-__global__ void __launch_bounds__(kRouteThreads)
-    route_topk_kernel(const float* __restrict__ logits, int64_t E, int64_t ld, int64_t k,
-                      bool renorm, int32_t* __restrict__ experts, float* __restrict__ weights) {
-  pdl_enter();
+// The picks of one token's logits l [E] by the calling block of kRouteThreads, one at a time;
+// pick j and its weight to experts[j], weights[j].
+__device__ __forceinline__ void scan_route(const float* __restrict__ l, int64_t E, int64_t k,
+                                           bool renorm, int32_t* __restrict__ experts,
+                                           float* __restrict__ weights) {
   __shared__ unsigned rk[2][kRouteWarps], ri[2][kRouteWarps];
   __shared__ float scratch[kRouteWarps];
-  const int64_t t = blockIdx.x;
-  const float* l = logits + t * ld;
   const int64_t e0 = threadIdx.x;
   const float v0 = e0 < E ? l[e0] : -INFINITY;
   float mx = v0;
@@ -1271,9 +1270,16 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
   // Thread j < k writes pick j (the weights renormalised over the k).
   if (threadIdx.x < k) {
-    experts[t * k + threadIdx.x] = mine_e;
-    weights[t * k + threadIdx.x] = renorm ? mine / wsum : mine;
+    experts[threadIdx.x] = mine_e;
+    weights[threadIdx.x] = renorm ? mine / wsum : mine;
   }
+}
+__global__ void __launch_bounds__(kRouteThreads)
+    route_topk_kernel(const float* __restrict__ logits, int64_t E, int64_t ld, int64_t k,
+                      bool renorm, int32_t* __restrict__ experts, float* __restrict__ weights) {
+  pdl_enter();
+  const int64_t t = blockIdx.x;
+  scan_route(logits + t * ld, E, k, renorm, experts + t * k, weights + t * k);
 }
 
 // The same routing by ranks, for E <= kRouteThreads and k <= kRouteWarps (every model here: the
@@ -1285,7 +1291,10 @@ __global__ void __launch_bounds__(kRouteThreads)
 // r. The softmax max, sum (a warp's xor tree, then the warps in order: block_sum's order) and the
 // renormalising sum (the picks in rank order) are those of route_topk_kernel, so the two give the
 // same bits (CudaOps.RouteTopkRanksEqualScan). Side by side on an H100 (2026-12-06, the 80B-A3B
-// shape): batch-1 decode 461.5-461.9 -> 473.6-475.3 tok/s, batches 8 and 32 unchanged.
+// shape): batch-1 decode 461.5-461.9 -> 473.6-475.3 tok/s, batches 8 and 32 unchanged. Ranking
+// costs candidates^2 / 512 steps a thread: a row of many equal logits (all 512 candidates: 33 us
+// against the scan's 6) takes the scan instead, past kMaxRankCandidates.
+constexpr int kMaxRankCandidates = 64;
 __global__ void __launch_bounds__(kRouteThreads)
     route_rank_kernel(const float* __restrict__ logits, int64_t E, int64_t ld, int64_t k,
                       bool renorm, int32_t* __restrict__ experts, float* __restrict__ weights) {
@@ -1317,6 +1326,13 @@ __global__ void __launch_bounds__(kRouteThreads)
   const unsigned cm = __ballot_sync(0xffffffffu, is_cand);
   if (lane == 0) wsum_exp[w] = ws, cand[w] = cm;
   __syncthreads();
+  int n_cand = 0;
+#pragma unroll
+  for (int u = 0; u < kRouteWarps; ++u) n_cand += __popc(cand[u]);
+  if (n_cand > kMaxRankCandidates) {  // block-uniform
+    scan_route(logits + t * ld, E, k, renorm, experts + t * k, weights + t * k);
+    return;
+  }
   float sum = 0;
 #pragma unroll
   for (int u = 0; u < kRouteWarps; ++u) sum += wsum_exp[u];
