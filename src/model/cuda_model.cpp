@@ -8,6 +8,7 @@
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/ops.h"
+#include "core/check.h"
 
 namespace tf {
 
@@ -1272,10 +1273,15 @@ void CudaModel::ffn(const DevFfn& f, const float* x, int64_t N, float* y) {
   }
 }
 
+bool CudaModel::slot_experts(const DevLayer& L, int64_t N) const {
+  return N <= kSlotTokens && L.shared.I == L.experts.I &&
+         L.shared.gate.dtype == L.experts.gate.dtype;
+}
+
 bool CudaModel::router_adds(const DevLayer& L, int64_t N) const {
   const int64_t H = config().hidden_size;
-  return N == 1 && L.moe && L.router.dtype == DType::kBF16 && L.shared.I == L.experts.I &&
-         L.shared.gate.dtype == L.experts.gate.dtype && H % 8 == 0 && H <= cuda::kNormRowMaxCols;
+  return N == 1 && L.moe && L.router.dtype == DType::kBF16 && slot_experts(L, N) && H % 8 == 0 &&
+         H <= cuda::kNormRowMaxCols;
 }
 
 void CudaModel::mlp(const DevLayer& L, int64_t N, float* x, float* xn, float* y, const float* norm,
@@ -1307,7 +1313,8 @@ void CudaModel::mlp(const DevLayer& L, int64_t N, float* x, float* xn, float* y,
   int32_t* ex = grow_tracked(route_ex_, N * k);
   float* w = scratch(kRouteW, N * k);
   cuda::route_topk(logits, N, E, E + 1, k, c.norm_topk_prob, ex, w, s);
-  if (N <= kSlotTokens && S.I == X.I && S.gate.dtype == X.gate.dtype) {
+  TF_CHECK(mixer_out == nullptr || slot_experts(L, N), "mixer_out off the slot path");
+  if (slot_experts(L, N)) {
     // A few tokens (decode rows, verify steps): each slot reads its expert (a token's k experts
     // are distinct; tokens rarely share one), with no grouping pass, and the shared expert rides
     // along as slot k of the same two launches. The same bits as the grouped path.

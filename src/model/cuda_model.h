@@ -235,6 +235,9 @@ class CudaModel {
   // device table [N] of further destinations of out's rows (null entries skipped).
   void mlp(const DevLayer& L, int64_t N, float* x, float* xn, float* y, const float* norm,
            float* out, const float* mixer_out = nullptr, float* const* out_rows = nullptr);
+  // Whether a MoE layer's N tokens take the slot path (each slot reads its expert, the shared
+  // expert as slot k) rather than grouping the slots by expert.
+  bool slot_experts(const DevLayer& L, int64_t N) const;
   // Whether the layer's MLP takes mixer_out for N tokens: one token, a MoE layer of bf16 router
   // weights on the slot path.
   bool router_adds(const DevLayer& L, int64_t N) const;
