@@ -33,7 +33,8 @@ start() {
     url="http://127.0.0.1:$port"
     for _ in $(seq 1 300); do
       if ! kill -0 "$pid" 2>/dev/null; then break; fi
-      if [ "$(curl -s -o /dev/null -w '%{http_code}' "$url/health")" = 200 ]; then return 0; fi
+      if grep -q "listening on $url" "$log" &&
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "$url/health")" = 200 ]; then return 0; fi
       sleep 0.1
     done
     wait "$pid" 2>/dev/null
