@@ -22,7 +22,7 @@ namespace {
 
 struct BenchOptions {
   std::string model = kDefaultModel;
-  std::string load_mode = "auto";  // --load-mode
+  WeightOptions weights;  // --load-mode, --matmul-precision
   int prompt_len = 128;
   int gen = 32;
   int reps = 3;
@@ -70,7 +70,7 @@ double measure_bandwidth(ThreadPool& pool, double gib) {
 }
 
 int run_bench(const BenchOptions& o) {
-  auto model_or = Model::load(o.model, {}, load_options(o.load_mode, "cpu"));
+  auto model_or = Model::load(o.model, {}, load_options(o.weights, "cpu"));
   if (!model_or) {
     std::fprintf(stderr, "error: %s\n", model_or.status().to_string().c_str());
     return 1;
@@ -218,7 +218,7 @@ void add_bench(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("bench", "Measure prefill/decode speed and the decode roofline");
   cmd->add_option("--model", o->model, "Checkpoint directory")->capture_default_str();
-  add_load_option(cmd, &o->load_mode);
+  add_load_options(cmd, &o->weights);
   cmd->add_option("--prompt-len", o->prompt_len)
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -240,7 +240,8 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--json", o->json);
   add_tp_option(cmd, &o->tp);
   cmd->callback([o] {
-    exit_code() = run_with_tp(o->tp, o->model, &o->threads, [o] { return run_bench(*o); });
+    exit_code() = run_with_tp(o->tp, o->model, &o->threads, follower_options(o->weights),
+                              [o] { return run_bench(*o); });
   });
 }
 

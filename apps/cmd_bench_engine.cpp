@@ -43,8 +43,8 @@ struct Options {
   int threads = 0;
   bool json = false;
   // Drafting (3): K (0: skip), fixed depth or adaptive, gate, stream counts, reply cap.
-  std::string device = "cpu";      // --device
-  std::string load_mode = "auto";  // --load-mode
+  std::string device = "cpu";  // --device
+  WeightOptions weights;       // --load-mode, --matmul-precision
   int draft = 0;
   bool draft_fixed = false;
   float draft_p_min = 0.0f;
@@ -276,7 +276,7 @@ bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
 }
 
 int run(const Options& o) {
-  auto model_or = Model::load(o.model, {}, load_options(o.load_mode, o.device));
+  auto model_or = Model::load(o.model, {}, load_options(o.weights, o.device));
   if (!model_or) {
     std::fprintf(stderr, "error: %s\n", model_or.status().to_string().c_str());
     return 1;
@@ -364,7 +364,7 @@ void add_bench_engine(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--reps", o->reps)->capture_default_str()->check(CLI::Range(1, 100));
   add_device_option(cmd, &o->device);
-  add_load_option(cmd, &o->load_mode);
+  add_load_options(cmd, &o->weights);
   cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));

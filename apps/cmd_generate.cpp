@@ -45,16 +45,16 @@ struct GenerateOptions {
   bool ignore_eos = false;
   std::string dump_logits;
   int threads = 0;
-  int tp = 1;                      // tensor-parallel ranks (--tp)
-  std::string device = "cpu";      // --device
-  std::string load_mode = "auto";  // --load-mode
-  int draft = 0;                   // MTP drafts per step (0: plain decoding)
+  int tp = 1;                  // tensor-parallel ranks (--tp)
+  std::string device = "cpu";  // --device
+  WeightOptions weights;       // --load-mode, --matmul-precision
+  int draft = 0;               // MTP drafts per step (0: plain decoding)
   float draft_p_min = 0.0f;
   bool draft_fixed = false;
 };
 
 int run_generate(const GenerateOptions& o) {
-  auto model_or = Model::load(o.model, {}, load_options(o.load_mode, o.device));
+  auto model_or = Model::load(o.model, {}, load_options(o.weights, o.device));
   if (!model_or) {
     std::fprintf(stderr, "error: %s\n", model_or.status().to_string().c_str());
     return 1;
@@ -203,7 +203,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--min-p", o->sampling.min_p)->capture_default_str()->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", o->sampling.seed)->capture_default_str();
   add_device_option(cmd, &o->device);
-  add_load_option(cmd, &o->load_mode);
+  add_load_options(cmd, &o->weights);
   cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
@@ -217,7 +217,8 @@ void add_generate(CLI::App& app) {
                   "Write float32 logits, one row per position fed (prompt, then generated)");
   add_tp_option(cmd, &o->tp);
   cmd->callback([o] {
-    exit_code() = run_with_tp(o->tp, o->model, &o->threads, [o] { return run_generate(*o); });
+    exit_code() = run_with_tp(o->tp, o->model, &o->threads, follower_options(o->weights),
+                              [o] { return run_generate(*o); });
   });
 }
 

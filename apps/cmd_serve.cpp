@@ -68,8 +68,8 @@ void add_serve(CLI::App& app) {
       "--no-draft", [no_draft] { *no_draft = true; },
       "Turn MTP drafting off whatever --draft-max says");
   add_device_option(cmd, &o->device);
-  static std::string load_mode = "auto";  // static: written after add_serve returns, like tp
-  add_load_option(cmd, &load_mode);
+  static WeightOptions weights;  // static: written after add_serve returns, like tp
+  add_load_options(cmd, &weights);
   cmd->add_option("--threads", o->threads, "Model worker threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
@@ -156,15 +156,15 @@ void add_serve(CLI::App& app) {
       });
   cmd->callback([o, no_draft] {
     if (*no_draft) o->draft_max = 0;
-    o->load = load_options(load_mode, o->device);
+    o->load = load_options(weights, o->device);
     if (o->api_key.empty()) {
       if (const char* k = std::getenv("TENSORFOLD_API_KEY")) o->api_key = k;
     }
     if (const char* v = std::getenv("TENSORFOLD_NO_RESIDENCY"); v && *v && std::string(v) != "0")
       o->residency = false;
     // Rank 0 serves; under --tp N the other ranks follow its engine (apps/tp_run.cpp).
-    exit_code() =
-        run_with_tp(tp, o->model_dir, &o->threads, [o] { return server::run_server(*o); });
+    exit_code() = run_with_tp(tp, o->model_dir, &o->threads, follower_options(weights),
+                              [o] { return server::run_server(*o); });
   });
 }
 

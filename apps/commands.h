@@ -43,18 +43,26 @@ void add_draft_options(CLI::App* cmd, const std::string& draft_help, int* k, flo
 // differ), joins the group, and runs lead() on rank 0 while the other ranks follow it until rank
 // 0's model is gone. *threads 0 becomes the cores per rank.
 void add_tp_option(CLI::App* cmd, int* tp);
-int run_with_tp(int tp, const std::string& model, int* threads, const std::function<int()>& lead);
+int run_with_tp(int tp, const std::string& model, int* threads, const LoadOptions& follow,
+                const std::function<int()>& lead);
 
 // --device cpu|cuda (apps/device_option.cpp): the option, and moving a loaded model onto the
 // device it names (Model::use_cuda); false after printing the error when it cannot.
 void add_device_option(CLI::App* cmd, std::string* device);
 bool use_device(Model& model, const std::string& device);
 
-// --load-mode auto|copy|mmap (apps/device_option.cpp), and the LoadOptions it means for a model
-// run on `device`: auto copies the weights out of the checkpoint for the CPU (LoadOptions::copy)
-// and maps them for a device (they are uploaded there anyway).
-void add_load_option(CLI::App* cmd, std::string* mode);
-LoadOptions load_options(const std::string& mode, const std::string& device);
+// --load-mode auto|copy|mmap and --matmul-precision f32|bf16 (apps/device_option.cpp), and the
+// LoadOptions they mean for a model run on `device`: auto copies the weights out of the checkpoint
+// for the CPU (LoadOptions::copy) and maps them for a device (they are uploaded there anyway);
+// bf16 is LoadOptions::bf16_products.
+struct WeightOptions {
+  std::string mode = "auto";      // --load-mode
+  std::string precision = "f32";  // --matmul-precision
+};
+void add_load_options(CLI::App* cmd, WeightOptions* o);
+LoadOptions load_options(const WeightOptions& o, const std::string& device);
+// What the other ranks of --tp N load with: rank 0's precision (each rank maps its checkpoint).
+LoadOptions follower_options(const WeightOptions& o);
 
 // Exit code of a subcommand, set by its callback.
 int& exit_code();

@@ -1,4 +1,5 @@
-// --device cpu|cuda and --load-mode of generate, serve and bench-engine (--load-mode of bench too).
+// --device cpu|cuda of generate, serve and bench-engine; --load-mode and --matmul-precision of
+// those and of bench.
 #include <cstdio>
 
 #include "apps/commands.h"
@@ -14,17 +15,29 @@ void add_device_option(CLI::App* cmd, std::string* device) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
-void add_load_option(CLI::App* cmd, std::string* mode) {
-  cmd->add_option("--load-mode", *mode,
+void add_load_options(CLI::App* cmd, WeightOptions* o) {
+  cmd->add_option("--load-mode", o->mode,
                   "How the weights are held: copy (read out of the checkpoint into the process's "
                   "memory, like llama.cpp's --no-mmap), mmap (views of the mapped files, zero "
                   "copy), or auto (copy on the CPU, mmap with --device cuda)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "copy", "mmap"}));
+  cmd->add_option("--matmul-precision", o->precision,
+                  "Inputs of the CPU's products with bf16 weights: f32 (exact fp32 products, "
+                  "logits within 1e-4 of transformers') or bf16 (rounded to bf16 for bf16 dot "
+                  "products, as llama.cpp does: faster prefill on CPUs with AVX512-BF16, logits "
+                  "within about 1e-2); the same tokens alone, batched or drafted either way")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
 }
 
-LoadOptions load_options(const std::string& mode, const std::string& device) {
-  return LoadOptions{.copy = mode == "copy" || (mode == "auto" && device != "cuda")};
+LoadOptions load_options(const WeightOptions& o, const std::string& device) {
+  return LoadOptions{.copy = o.mode == "copy" || (o.mode == "auto" && device != "cuda"),
+                     .bf16_products = o.precision == "bf16"};
+}
+
+LoadOptions follower_options(const WeightOptions& o) {
+  return LoadOptions{.bf16_products = o.precision == "bf16"};
 }
 
 bool use_device(Model& model, const std::string& device) {

@@ -20,7 +20,8 @@ void add_tp_option(CLI::App* cmd, int* tp) {
       ->check(CLI::Range(1, 1024));
 }
 
-int run_with_tp(int tp, const std::string& model, int* threads, const std::function<int()>& lead) {
+int run_with_tp(int tp, const std::string& model, int* threads, const LoadOptions& follow,
+                const std::function<int()>& lead) {
   const int launched = mpi_launch_size();
   if (tp == 1 && launched == 1) return lead();
   if (tp != launched && launched > 1) {
@@ -57,7 +58,7 @@ int run_with_tp(int tp, const std::string& model, int* threads, const std::funct
   // Ranks share the cores of a host: by default each takes its share.
   if (*threads == 0)
     *threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / tp);
-  const int code = rank == 0 ? lead() : tp_follow(model, *threads);
+  const int code = rank == 0 ? lead() : tp_follow(model, *threads, follow);
   if (rank == 0) tp_stop_followers();
   tp_uninstall();
   return code;

@@ -57,6 +57,11 @@ void Model::CudaDeleter::operator()([[maybe_unused]] CudaModel* m) const {
 }
 
 Status Model::use_cuda([[maybe_unused]] int device) {
+  if (weights_->bf16_products) {
+    return Status::unsupported(
+        "--matmul-precision bf16 is the CPU backend's; the CUDA backend's products take fp32 "
+        "inputs (leave it at f32)");
+  }
 #ifdef TF_HAVE_CUDA
   if (comm_ != nullptr) return Status(StatusCode::kUnavailable, "--device cuda with --tp N > 1");
   TF_ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> m, CudaModel::create(*this, device));

@@ -213,14 +213,14 @@ void tp_uninstall() {
 
 // ---- Followers ---------------------------------------------------------------------------------
 
-int tp_follow(const std::string& dir, int threads) {
+int tp_follow(const std::string& dir, int threads, const LoadOptions& opts) {
   Communicator* comm = tp_group();
   TF_CHECK(comm != nullptr && comm->rank() != 0, "tp_follow() on rank 0 or without a group");
   // mpirun forwards SIGINT/SIGTERM to every rank; a follower ends when rank 0 says stop (after
   // rank 0's own clean shutdown), or when mpirun kills it because rank 0 is gone.
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGTERM, SIG_IGN);
-  auto model_or = Model::load(dir);
+  auto model_or = Model::load(dir, {}, opts);
   if (!model_or) tp_fatal(fmt::format("rank {}: {}", comm->rank(), model_or.status().to_string()));
   const Model& model = **model_or;
   ThreadPool pool(threads);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "model/weights.h"
 
 namespace tf {
 
@@ -91,9 +92,10 @@ void tp_stop_followers();
 // Ends the group (after tp_stop_followers on rank 0, or tp_follow elsewhere); finalises MPI.
 void tp_uninstall();
 
-// A follower's whole life: loads its shard of the model at `dir`, then mirrors rank 0's calls
-// until rank 0 sends stop (its model was destroyed). Returns the exit code.
-int tp_follow(const std::string& dir, int threads);
+// A follower's whole life: loads its shard of the model at `dir` (with `opts`: every rank must
+// multiply as rank 0 does), then mirrors rank 0's calls until rank 0 sends stop (its model was
+// destroyed). Returns the exit code.
+int tp_follow(const std::string& dir, int threads, const LoadOptions& opts = {});
 
 // On rank 0: a thread that checks every 20 ms that the other ranks of this host are alive, and
 // when one is gone prints "rank R (pid P) died" and ends the process (exit code 3), so that a

@@ -431,6 +431,27 @@ void Weights::for_each_owned(const std::function<void(const void*, size_t)>& fn)
   for (const HostBlock& b : owned) fn(b.get(), b.get_deleter().bytes);
 }
 
+void Weights::for_each_mat(const std::function<void(Mat&)>& fn) {
+  auto ffn = [&](FfnWeights& f) {
+    for (Mat* m : {&f.gate, &f.up, &f.down}) fn(*m);
+  };
+  auto layer = [&](LayerWeights& L) {
+    for (Mat* m :
+         {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.in_qkvz, &L.in_ba, &L.out_proj, &L.router})
+      fn(*m);
+    for (FfnWeights& f : L.experts) ffn(f);
+    ffn(L.shared);
+    ffn(L.mlp);
+  };
+  fn(embed);
+  fn(lm_head);
+  for (LayerWeights& L : layers) layer(L);
+  if (mtp) {
+    fn(mtp->fc);
+    layer(mtp->layer);
+  }
+}
+
 Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt, const LoadProgress& progress,
                                               const TpLayout* layout, const LoadOptions& opts) {
   const ModelConfig& c = ckpt.config();
@@ -495,6 +516,10 @@ Result<std::unique_ptr<Weights>> load_weights(const Checkpoint& ckpt, const Load
     w->mtp = std::move(m);
   }
   ld.finish();
+  if (opts.bf16_products) {
+    w->bf16_products = true;
+    w->for_each_mat([](Mat& m) { m.bf16_inputs = m.dtype == DType::kBF16; });
+  }
   return w;
 }
 

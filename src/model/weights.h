@@ -111,9 +111,13 @@ struct Weights {
   // element size, or a rank's share is not one row range), and their sizes.
   std::vector<HostBlock> owned;
 
+  bool bf16_products = false;  // LoadOptions::bf16_products (every bf16 Mat has bf16_inputs)
+
   // Every buffer the Weights own (the fp32 vectors and the copies; other matrices are views of
   // the checkpoint's mapping), for the residency owner to hold.
   void for_each_owned(const std::function<void(const void* data, size_t bytes)>& fn) const;
+  // Every matrix (the tied lm_head is the embedding, visited twice).
+  void for_each_mat(const std::function<void(Mat& m)>& fn);
 };
 
 // Called with (tensors loaded, tensors in the checkpoint) as loading advances.
@@ -126,6 +130,13 @@ struct LoadOptions {
   // copied out of the page cache": bench-mid decode 2.8x); it costs a copy at load and needs the
   // weights' size in free memory. Off: matrices are views of the mapping (zero copy).
   bool copy = false;
+  // Products with bf16 weight matrices round their inputs to bf16 and use bf16 dot products
+  // (Mat::bf16_inputs; the CLI's --matmul-precision bf16), llama.cpp's arithmetic for bf16
+  // weights: prefill about 1.5x faster on AVX512-BF16 (docs/PERFORMANCE.md), logits within bf16
+  // input rounding of the fp32 products (tests/golden: relative L2 <= 1e-2 instead of 1e-4).
+  // Every product of a matrix takes the same path, so batch invariance holds either way. CPU
+  // only: Model::use_cuda refuses it.
+  bool bf16_products = false;
 };
 
 // Loads and checks every tensor the config implies. Errors name the file, tensor and expected vs

@@ -28,6 +28,12 @@ inline double rel_l2(const float* a, const float* b, size_t n) {
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+// How the case folders' models load (main's --bf16-products: LoadOptions::bf16_products).
+inline LoadOptions& load_options() {
+  static LoadOptions o;
+  return o;
+}
+
 // A case folder's reference (DIR/file) and its model: the weights live in the folder, or where the
 // reference's "checkpoint" (relative to the folder) points. Null model (and a message) on bad
 // input.
@@ -50,7 +56,7 @@ inline Case load_case(const std::string& dir, const std::string& file) {
   }
   const std::string model_dir =
       c.ref.contains("checkpoint") ? dir + "/" + c.ref["checkpoint"].get<std::string>() : dir;
-  auto model_or = Model::load(model_dir);
+  auto model_or = Model::load(model_dir, {}, load_options());
   if (!model_or) {
     std::fprintf(stderr, "%s: %s\n", dir.c_str(), model_or.status().to_string().c_str());
     return c;
@@ -72,8 +78,9 @@ inline bool read_logits(const std::string& dir, const std::string& file, size_t 
 using CheckCase = std::function<int(const std::string& dir, double max_rel_l2, double min_margin,
                                     ThreadPool* pool)>;
 
-// `NAME [--max-rel-l2 X] [--min-margin Y] CASE_DIR...` (defaults 1e-4 and 1e-3): exit 0 when every
-// prompt passes, 1 on a failure, 2 on bad input.
+// `NAME [--max-rel-l2 X] [--min-margin Y] [--bf16-products] CASE_DIR...` (defaults 1e-4 and 1e-3;
+// the flag loads the models with --matmul-precision bf16): exit 0 when every prompt passes, 1 on a
+// failure, 2 on bad input.
 inline int main(int argc, char** argv, const char* name, const CheckCase& check) {
   double max_rel_l2 = 1e-4, min_margin = 1e-3;
   std::vector<std::string> dirs;
@@ -83,11 +90,15 @@ inline int main(int argc, char** argv, const char* name, const CheckCase& check)
       max_rel_l2 = std::atof(argv[++i]);
     else if (a == "--min-margin" && i + 1 < argc)
       min_margin = std::atof(argv[++i]);
+    else if (a == "--bf16-products")
+      load_options().bf16_products = true;
     else
       dirs.push_back(a.size() > 1 && a.back() == '/' ? a.substr(0, a.size() - 1) : a);
   }
   if (dirs.empty()) {
-    std::fprintf(stderr, "usage: %s [--max-rel-l2 X] [--min-margin Y] CASE_DIR...\n", name);
+    std::fprintf(stderr,
+                 "usage: %s [--max-rel-l2 X] [--min-margin Y] [--bf16-products] CASE_DIR...\n",
+                 name);
     return 2;
   }
   ThreadPool pool(0);

@@ -83,6 +83,65 @@ TEST(Kernels, MatmulIsTheCanonicalSequence) {
   }
 }
 
+// The bf16-products sequence of one element (--matmul-precision bf16), in scalar code: x rounded to
+// bf16; 16 lanes, lane i adding, per block of 32 columns (zeros past K), the product of column
+// 2i + 1 and then that of column 2i (as the ISA documents VDPBF16PS: each product exact, each
+// addition rounded to fp32); then the fp32 sequence's tree.
+float canonical_dot_bf16_inputs(const float* w, const float* x, int64_t K) {
+  auto at = [&](const float* v, int64_t k) { return k < K ? v[k] : 0.0f; };
+  auto xr = [&](int64_t k) { return bf16_to_f32(f32_to_bf16(at(x, k))); };
+  float l[16] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+    for (int i = 0; i < 16; ++i) {
+      const int64_t e = k0 + 2 * i, o = e + 1;
+      l[i] += at(w, o) * xr(o);
+      l[i] += at(w, e) * xr(e);
+    }
+  }
+  float t[8], s[4];
+  for (int i = 0; i < 8; ++i) t[i] = l[i] + l[i + 8];
+  for (int i = 0; i < 4; ++i) s[i] = t[i] + t[i + 4];
+  return (s[0] + s[2]) + (s[1] + s[3]);
+}
+
+// bf16 products: bit for bit the documented sequence for every batch size, tile and thread split
+// (batch invariance, as with fp32 inputs), and within bf16 input rounding of the exact product.
+// (Checked to fail with the kernel's x halves swapped in the conversion to bf16, and with this
+// reference adding each pair even-then-odd: the processor follows the documented order.)
+TEST(Kernels, MatmulBf16InputsIsTheCanonicalSequence) {
+  ThreadPool pool2(2), pool3(3);
+  for (int64_t cols : {5, 16, 31, 33, 75, 160, 2048}) {
+    const int64_t rows = cols == 2048 ? 29 : 37;
+    TestMat w(DType::kBF16, rows, cols, 17 + cols);
+    w.m.bf16_inputs = true;
+    for (int64_t n : {1, 2, 3, 4, 5, 7, 9, 13, 50}) {
+      const auto x = random_vector(n * cols, 200 + n);
+      std::vector<float> ref(n * rows);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* wr = &w.f[r * cols];
+          const float* xt = &x[t * cols];
+          ref[t * rows + r] = canonical_dot_bf16_inputs(wr, xt, cols);
+          double exact = 0, bound = 0;
+          for (int64_t k = 0; k < cols; ++k) {
+            exact += double(wr[k]) * xt[k];
+            bound += std::abs(double(wr[k]) * xt[k]);
+          }
+          // x's rounding to bf16 (8 significant bits) moves each product by at most 2^-8 of
+          // itself; the fp32 sums add far less.
+          ASSERT_NEAR(ref[t * rows + r], exact, bound * (1.0 / 256 + 1e-5)) << cols << " " << r;
+        }
+      }
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+        std::vector<float> y(n * rows, -1.0f);
+        cpu::matmul(w.m, x.data(), n, y.data(), pool);
+        ASSERT_TRUE(same_bits(y.data(), ref.data(), y.size()))
+            << "cols " << cols << " n " << n << " threads " << (pool ? pool->size() : 1);
+      }
+    }
+  }
+}
+
 // Strided x / y and several products in one dispatch: the same bits as one matmul each.
 TEST(Kernels, MatmulMultiMatchesSeparateProducts) {
   ThreadPool pool(2);

@@ -6,16 +6,16 @@ namespace tf::cpu::kern {
 namespace {
 
 // Rows [r, r + R) x tokens [t, t + T) (rows counted from w and y) with those tokens' x rows.
-template <DType D, int R, int T, bool kAhead = false>
+template <DType D, bool P, int R, int T, bool kAhead = false>
 inline void run_tile(const char* w, int64_t w_stride, int64_t K, int64_t r, const XRows& x,
                      int64_t t, float* y, int64_t ldy) {
   const float* xp[T];
   for (int i = 0; i < T; ++i) xp[i] = x.row(t + i);
-  tile<D, R, T, kAhead>(w + r * w_stride, w_stride, K, xp, y + t * ldy + r, ldy);
+  tile<D, P, R, T, kAhead>(w + r * w_stride, w_stride, K, xp, y + t * ldy + r, ldy);
 }
 
 // All tokens [t0, t1) of rows [r, r + R): 4-token tiles and a narrower last one.
-template <DType D, int R>
+template <DType D, bool P, int R>
 inline void row_tile_tokens(const char* w, int64_t w_stride, int64_t K, int64_t r, int64_t rows,
                             const XRows& x, int64_t t0, int64_t t1, float* y, int64_t ldy) {
   // While this row tile sweeps the tokens, pull the next R rows (contiguous) towards L2, a slice
@@ -29,15 +29,15 @@ inline void row_tile_tokens(const char* w, int64_t w_stride, int64_t K, int64_t 
   for (; t + 4 <= t1; t += 4) {
     for (int64_t e = std::min(next_lines, line + per_tile); line < e; ++line)
       __builtin_prefetch(next + line * 64, 0, 2);
-    run_tile<D, R, 4>(w, w_stride, K, r, x, t, y, ldy);
+    run_tile<D, P, R, 4>(w, w_stride, K, r, x, t, y, ldy);
   }
   switch (t1 - t) {
     case 3:
-      return run_tile<D, R, 3>(w, w_stride, K, r, x, t, y, ldy);
+      return run_tile<D, P, R, 3>(w, w_stride, K, r, x, t, y, ldy);
     case 2:
-      return run_tile<D, R, 2>(w, w_stride, K, r, x, t, y, ldy);
+      return run_tile<D, P, R, 2>(w, w_stride, K, r, x, t, y, ldy);
     case 1:
-      return run_tile<D, R, 1>(w, w_stride, K, r, x, t, y, ldy);
+      return run_tile<D, P, R, 1>(w, w_stride, K, r, x, t, y, ldy);
     default:
       return;
   }
@@ -51,22 +51,22 @@ inline void row_tile_tokens(const char* w, int64_t w_stride, int64_t K, int64_t 
 // 256-640 bytes: a tile is one or two sequential pages) are left to the hardware prefetcher,
 // where the prefetches cost 1-4%.
 constexpr int64_t kAheadRowBytes = 2048;
-template <DType D, int T, int R = 8>
+template <DType D, bool P, int T, int R = 8>
 void gemm_few(const char* w, int64_t w_stride, int64_t K, int64_t rows, const XRows& x, float* y,
               int64_t ldy) {
   int64_t r = 0;
   if (w_stride >= kAheadRowBytes) {
-    for (; r + R <= rows; r += R) run_tile<D, R, T, true>(w, w_stride, K, r, x, 0, y, ldy);
+    for (; r + R <= rows; r += R) run_tile<D, P, R, T, true>(w, w_stride, K, r, x, 0, y, ldy);
   } else {
-    for (; r + R <= rows; r += R) run_tile<D, R, T>(w, w_stride, K, r, x, 0, y, ldy);
+    for (; r + R <= rows; r += R) run_tile<D, P, R, T>(w, w_stride, K, r, x, 0, y, ldy);
   }
-  for (; r + 2 <= rows; r += 2) run_tile<D, 2, T>(w, w_stride, K, r, x, 0, y, ldy);
-  for (; r < rows; ++r) run_tile<D, 1, T>(w, w_stride, K, r, x, 0, y, ldy);
+  for (; r + 2 <= rows; r += 2) run_tile<D, P, 2, T>(w, w_stride, K, r, x, 0, y, ldy);
+  for (; r < rows; ++r) run_tile<D, P, 1, T>(w, w_stride, K, r, x, 0, y, ldy);
 }
 
 }  // namespace
 
-template <DType D>
+template <DType D, bool P>
 void gemm(const char* w, int64_t w_stride, int64_t K, int64_t r0, int64_t r1, const XRows& x,
           int64_t n, float* y, int64_t ldy) {
   if (r1 <= r0 || n <= 0) return;
@@ -75,13 +75,13 @@ void gemm(const char* w, int64_t w_stride, int64_t K, int64_t r0, int64_t r1, co
   const int64_t rows = r1 - r0;
   switch (n) {
     case 1:
-      return gemm_few<D, 1>(w, w_stride, K, rows, x, y, ldy);
+      return gemm_few<D, P, 1>(w, w_stride, K, rows, x, y, ldy);
     case 2:
-      return gemm_few<D, 2>(w, w_stride, K, rows, x, y, ldy);
+      return gemm_few<D, P, 2>(w, w_stride, K, rows, x, y, ldy);
     case 3:
-      return gemm_few<D, 3>(w, w_stride, K, rows, x, y, ldy);
+      return gemm_few<D, P, 3>(w, w_stride, K, rows, x, y, ldy);
     case 4:  // a verify pass of 3 drafts: 6-row tiles (8 x 4 accumulators would spill)
-      return gemm_few<D, 4, 6>(w, w_stride, K, rows, x, y, ldy);
+      return gemm_few<D, P, 4, 6>(w, w_stride, K, rows, x, y, ldy);
     default:
       break;
   }
@@ -90,18 +90,22 @@ void gemm(const char* w, int64_t w_stride, int64_t K, int64_t r0, int64_t r1, co
   for (int64_t t0 = 0; t0 < n; t0 += tb) {
     const int64_t t1 = std::min(n, t0 + tb);
     int64_t r = 0;
-    for (; r + 6 <= rows; r += 6) row_tile_tokens<D, 6>(w, w_stride, K, r, rows, x, t0, t1, y, ldy);
-    for (; r + 2 <= rows; r += 2) row_tile_tokens<D, 2>(w, w_stride, K, r, rows, x, t0, t1, y, ldy);
-    for (; r < rows; ++r) row_tile_tokens<D, 1>(w, w_stride, K, r, rows, x, t0, t1, y, ldy);
+    for (; r + 6 <= rows; r += 6)
+      row_tile_tokens<D, P, 6>(w, w_stride, K, r, rows, x, t0, t1, y, ldy);
+    for (; r + 2 <= rows; r += 2)
+      row_tile_tokens<D, P, 2>(w, w_stride, K, r, rows, x, t0, t1, y, ldy);
+    for (; r < rows; ++r) row_tile_tokens<D, P, 1>(w, w_stride, K, r, rows, x, t0, t1, y, ldy);
   }
 }
 
-template void gemm<DType::kF32>(const char*, int64_t, int64_t, int64_t, int64_t, const XRows&,
-                                int64_t, float*, int64_t);
-template void gemm<DType::kBF16>(const char*, int64_t, int64_t, int64_t, int64_t, const XRows&,
-                                 int64_t, float*, int64_t);
-template void gemm<DType::kF16>(const char*, int64_t, int64_t, int64_t, int64_t, const XRows&,
-                                int64_t, float*, int64_t);
+template void gemm<DType::kF32, false>(const char*, int64_t, int64_t, int64_t, int64_t,
+                                       const XRows&, int64_t, float*, int64_t);
+template void gemm<DType::kBF16, false>(const char*, int64_t, int64_t, int64_t, int64_t,
+                                        const XRows&, int64_t, float*, int64_t);
+template void gemm<DType::kBF16, true>(const char*, int64_t, int64_t, int64_t, int64_t,
+                                       const XRows&, int64_t, float*, int64_t);
+template void gemm<DType::kF16, false>(const char*, int64_t, int64_t, int64_t, int64_t,
+                                       const XRows&, int64_t, float*, int64_t);
 
 void gemm_rows(const Mat& w, const XRows& x, int64_t n, float* y, int64_t ldy, int64_t r0,
                int64_t r1) {
@@ -111,7 +115,9 @@ void gemm_rows(const Mat& w, const XRows& x, int64_t n, float* y, int64_t ldy, i
     case DType::kF32:
       return gemm<DType::kF32>(base, stride, w.cols, r0, r1, x, n, y, ldy);
     case DType::kBF16:
-      return gemm<DType::kBF16>(base, stride, w.cols, r0, r1, x, n, y, ldy);
+      if (w.bf16_inputs)
+        return gemm<DType::kBF16, true>(base, stride, w.cols, r0, r1, x, n, y, ldy);
+      return gemm<DType::kBF16, false>(base, stride, w.cols, r0, r1, x, n, y, ldy);
     case DType::kF16:
       return gemm<DType::kF16>(base, stride, w.cols, r0, r1, x, n, y, ldy);
   }

@@ -1,7 +1,8 @@
 // Matrix products for the CPU backend: y = x W^T with weights in the checkpoint's dtype.
 //
 // Determinism contract: every output element y[t, r] is computed by the same instruction sequence
-// (a 16-lane fp32 FMA accumulation over k in order, then one fixed horizontal reduction) whatever
+// (a 16-lane fp32 FMA accumulation over k in order, then one fixed horizontal reduction; or, for a
+// Mat with bf16_inputs, bf16 dot products of column pairs, then the same reduction) whatever
 // the number of rows n, the tile it falls in, or the thread count. So a token's result never
 // depends on the other tokens of the batch (batch invariance) nor on the threads.
 #pragma once
@@ -19,9 +20,13 @@ struct Mat {
   DType dtype = DType::kF32;
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
+  // bf16 weights only: products round x to bf16 and use bf16 dot products (the second canonical
+  // sequence of backends/cpu/gemm_kernels.h; --matmul-precision bf16). Every product with this
+  // matrix does, so batch invariance holds as with fp32 inputs.
+  bool bf16_inputs = false;
   Mat row_slice(int64_t begin, int64_t count) const {
     return Mat{dtype, static_cast<const char*>(data) + begin * cols * dtype_size(dtype), count,
-               cols};
+               cols, bf16_inputs};
   }
 };
 
