@@ -1,23 +1,32 @@
 #include "backends/cpu/gemm_kernels.h"
 
 #include <algorithm>
+#include <type_traits>
+#include <vector>
 
 namespace tf::cpu::kern {
 namespace {
 
+// Token t's input row rounded to bf16 (bf16 products over many tokens): base + t * ld.
+struct XRowsBf16 {
+  const uint16_t* base = nullptr;
+  int64_t ld = 0;
+  const uint16_t* row(int64_t t) const { return base + t * ld; }
+};
+
 // Rows [r, r + R) x tokens [t, t + T) (rows counted from w and y) with those tokens' x rows.
-template <DType D, bool P, int R, int T, bool kAhead = false>
-inline void run_tile(const char* w, int64_t w_stride, int64_t K, int64_t r, const XRows& x,
-                     int64_t t, float* y, int64_t ldy) {
-  const float* xp[T];
+template <DType D, bool P, int R, int T, bool kAhead = false, class XR = XRows>
+inline void run_tile(const char* w, int64_t w_stride, int64_t K, int64_t r, const XR& x, int64_t t,
+                     float* y, int64_t ldy) {
+  std::remove_cvref_t<decltype(*x.row(0))> const* xp[T];
   for (int i = 0; i < T; ++i) xp[i] = x.row(t + i);
   tile<D, P, R, T, kAhead>(w + r * w_stride, w_stride, K, xp, y + t * ldy + r, ldy);
 }
 
 // All tokens [t0, t1) of rows [r, r + R): 4-token tiles and a narrower last one.
-template <DType D, bool P, int R>
+template <DType D, bool P, int R, class XR>
 inline void row_tile_tokens(const char* w, int64_t w_stride, int64_t K, int64_t r, int64_t rows,
-                            const XRows& x, int64_t t0, int64_t t1, float* y, int64_t ldy) {
+                            const XR& x, int64_t t0, int64_t t1, float* y, int64_t ldy) {
   // While this row tile sweeps the tokens, pull the next R rows (contiguous) towards L2, a slice
   // per 4-token tile, so that the next sweep does not start on a DRAM miss.
   const char* next = w + (r + R) * w_stride;
@@ -29,15 +38,15 @@ inline void row_tile_tokens(const char* w, int64_t w_stride, int64_t K, int64_t 
   for (; t + 4 <= t1; t += 4) {
     for (int64_t e = std::min(next_lines, line + per_tile); line < e; ++line)
       __builtin_prefetch(next + line * 64, 0, 2);
-    run_tile<D, P, R, 4>(w, w_stride, K, r, x, t, y, ldy);
+    run_tile<D, P, R, 4, false, XR>(w, w_stride, K, r, x, t, y, ldy);
   }
   switch (t1 - t) {
     case 3:
-      return run_tile<D, P, R, 3>(w, w_stride, K, r, x, t, y, ldy);
+      return run_tile<D, P, R, 3, false, XR>(w, w_stride, K, r, x, t, y, ldy);
     case 2:
-      return run_tile<D, P, R, 2>(w, w_stride, K, r, x, t, y, ldy);
+      return run_tile<D, P, R, 2, false, XR>(w, w_stride, K, r, x, t, y, ldy);
     case 1:
-      return run_tile<D, P, R, 1>(w, w_stride, K, r, x, t, y, ldy);
+      return run_tile<D, P, R, 1, false, XR>(w, w_stride, K, r, x, t, y, ldy);
     default:
       return;
   }
@@ -87,14 +96,30 @@ void gemm(const char* w, int64_t w_stride, int64_t K, int64_t r0, int64_t r1, co
   }
   // Token blocks of ~384 KiB of x (L2-resident while the weight rows stream past once per block).
   const int64_t tb = std::max<int64_t>(4, (96 * 1024 / std::max<int64_t>(K, 1)) / 4 * 4);
-  for (int64_t t0 = 0; t0 < n; t0 += tb) {
-    const int64_t t1 = std::min(n, t0 + tb);
+  // Every row tile over tokens [t0, t1) of xr, into yt (whose row t is token t of xr).
+  auto sweep = [&](const auto& xr, int64_t t0, int64_t t1, float* yt) {
     int64_t r = 0;
     for (; r + 6 <= rows; r += 6)
-      row_tile_tokens<D, P, 6>(w, w_stride, K, r, rows, x, t0, t1, y, ldy);
+      row_tile_tokens<D, P, 6>(w, w_stride, K, r, rows, xr, t0, t1, yt, ldy);
     for (; r + 2 <= rows; r += 2)
-      row_tile_tokens<D, P, 2>(w, w_stride, K, r, rows, x, t0, t1, y, ldy);
-    for (; r < rows; ++r) row_tile_tokens<D, P, 1>(w, w_stride, K, r, rows, x, t0, t1, y, ldy);
+      row_tile_tokens<D, P, 2>(w, w_stride, K, r, rows, xr, t0, t1, yt, ldy);
+    for (; r < rows; ++r) row_tile_tokens<D, P, 1>(w, w_stride, K, r, rows, xr, t0, t1, yt, ldy);
+  };
+  for (int64_t t0 = 0; t0 < n; t0 += tb) {
+    const int64_t t1 = std::min(n, t0 + tb);
+    if constexpr (P) {
+      // The block's x rows rounded to bf16 once (as the tiles would round them, so the same bits):
+      // a 6 x 4 tile's step then loads 4 x vectors instead of converting 8 (bench-mid prefill
+      // +0-12%, docs/PERFORMANCE.md "bf16 products").
+      thread_local std::vector<uint16_t> xb;
+      xb.resize((t1 - t0) * K);
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t k = 0; k < K; k += 2 * kLanes)
+          store_x_pairs(x.row(t), k, K - k, xb.data() + (t - t0) * K);
+      sweep(XRowsBf16{xb.data(), K}, 0, t1 - t0, y + t0 * ldy);
+    } else {
+      sweep(x, t0, t1, y);
+    }
   }
 }
 

@@ -13,12 +13,13 @@
 //   x[t, k0 .. k0 + 31]) (VDPBF16PS: lane i adds the product of columns k0 + 2i + 1, then that of
 //   k0 + 2i, each addition rounded to fp32; columns past K load zeros); y = reduce_add(acc) with
 //   the same tree.
-// It is llama.cpp's arithmetic for bf16 weights: about 1.7x the fp32 kernel's multiply-adds per
-// second on AVX512-BF16 (a prefill tile), at the precision of bf16 inputs.
+// It is llama.cpp's arithmetic for bf16 weights: two products per lane per instruction on
+// AVX512-BF16 (bench-mid prefill 1.27-1.48x), at the precision of bf16 inputs.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "backends/cpu/matmul.h"
 #include "core/dtype.h"
@@ -137,6 +138,15 @@ inline Pairs load_x_pairs_tail(const float* x, int64_t k, int64_t left) {
 inline Vec dot_pairs(Pairs w, Pairs x, Vec acc) {
   return _mm512_dpbf16_ps(acc, w, x);
 }
+// dst[k .. k + min(32, left)) = x[...] rounded to bf16, exactly as load_x_pairs rounds them.
+inline void store_x_pairs(const float* x, int64_t k, int64_t left, uint16_t* dst) {
+  if (left >= 2 * kLanes) {
+    _mm512_storeu_si512(dst + k, reinterpret_cast<__m512i>(load_x_pairs(x, k)));
+  } else {
+    const __mmask32 m = (__mmask32{1} << left) - 1;
+    _mm512_mask_storeu_epi16(dst + k, m, reinterpret_cast<__m512i>(load_x_pairs_tail(x, k, left)));
+  }
+}
 #elif !defined(__AVX512F__)
 // Portable fallback with the same shape: 16 lanes, FMA per lane, the same reduction tree.
 struct Vec {
@@ -211,6 +221,9 @@ inline Pairs load_x_pairs_tail(const float* x, int64_t k, int64_t left) {
 inline Pairs load_x_pairs(const float* x, int64_t k) {
   return load_x_pairs_tail(x, k, 2 * kLanes);
 }
+inline void store_x_pairs(const float* x, int64_t k, int64_t left, uint16_t* dst) {
+  for (int j = 0; j < 2 * kLanes && j < left; ++j) dst[k + j] = f32_to_bf16(x[k + j]);
+}
 inline Vec dot_pairs(Pairs w, Pairs x, Vec acc) {
   static_assert(sizeof(Vec) == kLanes * sizeof(float));
   float a[kLanes];
@@ -239,15 +252,26 @@ inline void hsum_many(const Vec* v, int n, float* out) {
   }
 }
 
+// x rows already rounded to bf16 (bf16 products over many tokens: gemm converts them once per
+// token block, with the conversion load_x_pairs does on the fly, so the bits are the same).
+inline Pairs load_x_pairs(const uint16_t* x, int64_t k) {
+  return load_w_pairs(x, k);
+}
+inline Pairs load_x_pairs_tail(const uint16_t* x, int64_t k, int64_t left) {
+  return load_w_pairs_tail(x, k, left);
+}
+
 // R weight rows x T tokens, all K: y[t * ldy + r] for r < R, t < T.
 // kAhead: while it streams its rows, the tile asks L2 for the R rows after them at the same
 // column (one tile ahead), so that the next tile's rows, each a fresh 4 KiB page for the hardware
 // prefetcher, do not start on DRAM misses. Prefetches change no result.
-// P: bf16 products (D must be kBF16): 32 columns a step, pairs of columns per lane.
-template <DType D, bool P, int R, int T, bool kAhead = false>
-inline void tile(const char* w, int64_t w_stride, int64_t K, const float* const* x, float* y,
+// P: bf16 products (D must be kBF16): 32 columns a step, pairs of columns per lane; x rows are
+// floats, or (X = uint16_t) already rounded to bf16.
+template <DType D, bool P, int R, int T, bool kAhead = false, class X = float>
+inline void tile(const char* w, int64_t w_stride, int64_t K, const X* const* x, float* y,
                  int64_t ldy) {
   static_assert(!P || D == DType::kBF16, "bf16 products need bf16 weights");
+  static_assert(P || std::is_same_v<X, float>, "fp32 products take float inputs");
   Vec acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = vzero();
@@ -271,33 +295,29 @@ inline void tile(const char* w, int64_t w_stride, int64_t K, const float* const*
         for (int t = 0; t < T; ++t) acc[r][t] = dot_pairs(wv, xv[t], acc[r][t]);
       }
     }
-    float out[R * T];
-    hsum_many(&acc[0][0], R * T, out);
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) y[t * ldy + r] = out[r * T + t];
-    return;
-  }
-  const int64_t K16 = K - K % kLanes;
-  constexpr int64_t kElt = D == DType::kF32 ? 4 : 2;  // bytes per weight
-  for (int64_t k = 0; k < K16; k += kLanes) {
-    if constexpr (kAhead) {
-      if (k * kElt % 64 == 0)  // once per cache line
-        for (int r = 0; r < R; ++r) __builtin_prefetch(w + (R + r) * w_stride + k * kElt, 0, 2);
+  } else {
+    const int64_t K16 = K - K % kLanes;
+    constexpr int64_t kElt = D == DType::kF32 ? 4 : 2;  // bytes per weight
+    for (int64_t k = 0; k < K16; k += kLanes) {
+      if constexpr (kAhead) {
+        if (k * kElt % 64 == 0)  // once per cache line
+          for (int r = 0; r < R; ++r) __builtin_prefetch(w + (R + r) * w_stride + k * kElt, 0, 2);
+      }
+      Vec xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = load_x(x[t], k);
+      for (int r = 0; r < R; ++r) {
+        const Vec wv = load_w<D>(w + r * w_stride, k);
+        for (int t = 0; t < T; ++t) acc[r][t] = fma(wv, xv[t], acc[r][t]);
+      }
     }
-    Vec xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = load_x(x[t], k);
-    for (int r = 0; r < R; ++r) {
-      const Vec wv = load_w<D>(w + r * w_stride, k);
-      for (int t = 0; t < T; ++t) acc[r][t] = fma(wv, xv[t], acc[r][t]);
-    }
-  }
-  if (K16 < K) {
-    const Mask m = tail_mask(K - K16);
-    Vec xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = load_x_tail(x[t], K16, m);
-    for (int r = 0; r < R; ++r) {
-      const Vec wv = load_w_tail<D>(w + r * w_stride, K16, m);
-      for (int t = 0; t < T; ++t) acc[r][t] = fma(wv, xv[t], acc[r][t]);
+    if (K16 < K) {
+      const Mask m = tail_mask(K - K16);
+      Vec xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = load_x_tail(x[t], K16, m);
+      for (int r = 0; r < R; ++r) {
+        const Vec wv = load_w_tail<D>(w + r * w_stride, K16, m);
+        for (int t = 0; t < T; ++t) acc[r][t] = fma(wv, xv[t], acc[r][t]);
+      }
     }
   }
   float out[R * T];
