@@ -47,6 +47,7 @@ struct EvalOptions {
   int prose = -1;  // the first N held-out prose documents for MTP agreement (-1: all)
   int batch = 32;
   int threads = 0;
+  WeightOptions weights;  // --load-mode, --matmul-precision
   double min_copy = 0, min_arith_off = 0, min_arith_on = 0, min_same = 0;
   double min_mtp_copy = 0, min_mtp_prose = 0;
   bool json = false;
@@ -187,7 +188,7 @@ int run_eval(const EvalOptions& o) {
     return 2;
   };
   const auto t0 = std::chrono::steady_clock::now();
-  auto model_or = Model::load(o.model);
+  auto model_or = Model::load(o.model, {}, load_options(o.weights, "cpu"));
   if (!model_or) return fail(model_or.status());
   const Model& model = **model_or;
   auto tok_or = tok::Tokenizer::load(o.model);
@@ -432,6 +433,7 @@ void add_eval(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "eval", "Held-out copy, arithmetic and MTP evaluation (greedy) of the model");
   cmd->add_option("--model", o->model, "Checkpoint directory")->capture_default_str();
+  add_load_options(cmd, &o->weights);
   cmd->add_option("--cases", o->cases, "Cases file (tools/tiny_next/make_eval_cases.py)")
       ->capture_default_str();
   cmd->add_option("--copy", o->copy, "Run the first N copy cases (-1: all)")->capture_default_str();

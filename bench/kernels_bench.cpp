@@ -76,14 +76,15 @@ BENCHMARK(BM_Gemv)
     ->UseRealTime();
 
 // Prefill GEMM: n tokens through a [rows, cols] bf16 matrix. Reports FLOP/s as items/s. Arg 3:
-// 1 = on the calling thread only (its CPU time is then meaningful on a busy machine).
+// 1 = on the calling thread only (its CPU time is then meaningful on a busy machine). Arg 4: 1 =
+// bf16 products (Mat::bf16_inputs, --matmul-precision bf16).
 void BM_Gemm(benchmark::State& st) {
   const int64_t rows = st.range(0), cols = st.range(1), n = st.range(2);
   ThreadPool* p = st.range(3) != 0 ? nullptr : &pool();
   Buffer buf(rows * cols, false);
   const auto x = random_floats(n * cols, 3);
   std::vector<float> y(n * rows);
-  const cpu::Mat w{DType::kBF16, buf.data, rows, cols};
+  const cpu::Mat w{DType::kBF16, buf.data, rows, cols, st.range(4) != 0};
   for (auto _ : st) {
     cpu::matmul(w, x.data(), n, y.data(), p);
     benchmark::DoNotOptimize(y.data());
@@ -91,14 +92,10 @@ void BM_Gemm(benchmark::State& st) {
   st.SetItemsProcessed(st.iterations() * 2 * rows * cols * n);
 }
 BENCHMARK(BM_Gemm)
-    ->Args({12288, 2048, 128, 0})
-    ->Args({2048, 4096, 128, 0})
-    ->Args({512, 2048, 20, 0})
-    ->Args({2048, 512, 20, 0})
-    ->Args({12288, 2048, 128, 1})
-    ->Args({2048, 4096, 128, 1})
-    ->Args({512, 2048, 20, 1})
-    ->Args({2048, 512, 20, 1})
+    ->ArgsProduct({{12288}, {2048}, {128}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{2048}, {4096}, {128}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{512}, {2048}, {20}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{2048}, {512}, {20}, {0, 1}, {0, 1}})
     ->UseRealTime();
 
 // The fused MoE op with bench-mid's layer: 64 experts of [512, 2048], top 10, a shared expert.

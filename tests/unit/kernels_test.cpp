@@ -43,6 +43,14 @@ struct TestMat {
   }
 };
 
+// The reduction of 16 lanes: (l_i + l_i+8), (+4), (+2), (+1).
+float reduce_tree(const float* l) {
+  float t[8], s[4];
+  for (int i = 0; i < 8; ++i) t[i] = l[i] + l[i + 8];
+  for (int i = 0; i < 4; ++i) s[i] = t[i] + t[i + 4];
+  return (s[0] + s[2]) + (s[1] + s[3]);
+}
+
 // The canonical sequence of one element, written out in scalar code: 16 lanes, one fma per lane
 // per block of 16 (zeros past K), then the tree (l_i + l_i+8), (+4), (+2), (+1).
 float canonical_dot(const float* w, const float* x, int64_t K) {
@@ -53,10 +61,7 @@ float canonical_dot(const float* w, const float* x, int64_t K) {
       l[i] = std::fma(in ? w[k0 + i] : 0.0f, in ? x[k0 + i] : 0.0f, l[i]);
     }
   }
-  float t[8], s[4];
-  for (int i = 0; i < 8; ++i) t[i] = l[i] + l[i + 8];
-  for (int i = 0; i < 4; ++i) s[i] = t[i] + t[i + 4];
-  return (s[0] + s[2]) + (s[1] + s[3]);
+  return reduce_tree(l);
 }
 
 TEST(Kernels, MatmulIsTheCanonicalSequence) {
@@ -98,10 +103,7 @@ float canonical_dot_bf16_inputs(const float* w, const float* x, int64_t K) {
       l[i] += at(w, e) * xr(e);
     }
   }
-  float t[8], s[4];
-  for (int i = 0; i < 8; ++i) t[i] = l[i] + l[i + 8];
-  for (int i = 0; i < 4; ++i) s[i] = t[i] + t[i + 4];
-  return (s[0] + s[2]) + (s[1] + s[3]);
+  return reduce_tree(l);
 }
 
 // bf16 products: bit for bit the documented sequence for every batch size, tile and thread split
