@@ -7,11 +7,10 @@
 namespace tf::cpu::kern {
 namespace {
 
-// Token t's input row rounded to bf16 (bf16 products over many tokens): base + t * ld.
+// Token t's input row rounded to bf16 (bf16 products over many tokens).
 struct XRowsBf16 {
-  const uint16_t* base = nullptr;
-  int64_t ld = 0;
-  const uint16_t* row(int64_t t) const { return base + t * ld; }
+  const XRows* x;
+  const uint16_t* row(int64_t t) const { return x->row_bf16(t); }
 };
 
 // Rows [r, r + R) x tokens [t, t + T) (rows counted from w and y) with those tokens' x rows.
@@ -108,15 +107,19 @@ void gemm(const char* w, int64_t w_stride, int64_t K, int64_t r0, int64_t r1, co
   for (int64_t t0 = 0; t0 < n; t0 += tb) {
     const int64_t t1 = std::min(n, t0 + tb);
     if constexpr (P) {
-      // The block's x rows rounded to bf16 once (as the tiles would round them, so the same bits):
-      // a 6 x 4 tile's step then loads 4 x vectors instead of converting 8 (bench-mid prefill
-      // +0-12%, docs/PERFORMANCE.md "bf16 products").
+      // The x rows rounded to bf16 once (as the tiles would round them, so the same bits): a 6 x
+      // 4 tile's step then loads 4 x vectors instead of converting 8 (docs/PERFORMANCE.md, "bf16
+      // products"). The caller's (matmul_multi, moe_ffn: once per product), or this block's own.
+      if (x.bf16 != nullptr) {
+        sweep(XRowsBf16{&x}, t0, t1, y);
+        continue;
+      }
       thread_local std::vector<uint16_t> xb;
       xb.resize((t1 - t0) * K);
       for (int64_t t = t0; t < t1; ++t)
-        for (int64_t k = 0; k < K; k += 2 * kLanes)
-          store_x_pairs(x.row(t), k, K - k, xb.data() + (t - t0) * K);
-      sweep(XRowsBf16{xb.data(), K}, 0, t1 - t0, y + t0 * ldy);
+        round_rows_bf16(x.row(t), K, 1, K, xb.data() + (t - t0) * K);
+      const XRows block{nullptr, 0, nullptr, xb.data(), K};
+      sweep(XRowsBf16{&block}, 0, t1 - t0, y + t0 * ldy);
     } else {
       sweep(x, t0, t1, y);
     }
@@ -131,6 +134,11 @@ template void gemm<DType::kBF16, true>(const char*, int64_t, int64_t, int64_t, i
                                        const XRows&, int64_t, float*, int64_t);
 template void gemm<DType::kF16, false>(const char*, int64_t, int64_t, int64_t, int64_t,
                                        const XRows&, int64_t, float*, int64_t);
+
+void round_rows_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < K; k += 2 * kLanes) store_x_pairs(x + i * ldx, k, K - k, out + i * K);
+}
 
 void gemm_rows(const Mat& w, const XRows& x, int64_t n, float* y, int64_t ldy, int64_t r0,
                int64_t r1) {

@@ -41,7 +41,16 @@ struct XRows {
   const float* base = nullptr;
   int64_t ld = 0;
   const int32_t* idx = nullptr;
+  // Optional, for bf16 products over more than 4 tokens: the same rows rounded to bf16
+  // (round_rows_bf16), row i at bf16 + i * bf16_ld, indexed like base. A product's caller rounds
+  // its input once; without them each call rounds its token blocks itself (the same bits), which
+  // a product split into many row ranges repeats for every range.
+  const uint16_t* bf16 = nullptr;
+  int64_t bf16_ld = 0;
   const float* row(int64_t t) const { return base + (idx != nullptr ? idx[t] : t) * ld; }
+  const uint16_t* row_bf16(int64_t t) const {
+    return bf16 + (idx != nullptr ? idx[t] : t) * bf16_ld;
+  }
 };
 
 #if defined(__AVX512F__)
@@ -344,6 +353,10 @@ extern template void gemm<DType::kBF16, true>(const char*, int64_t, int64_t, int
                                               const XRows&, int64_t, float*, int64_t);
 extern template void gemm<DType::kF16, false>(const char*, int64_t, int64_t, int64_t, int64_t,
                                               const XRows&, int64_t, float*, int64_t);
+
+// out[i * K + k] = x[i * ldx + k] rounded to bf16 for i < n, k < K: what a bf16 product's tiles
+// multiply (XRows::bf16).
+void round_rows_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, uint16_t* out);
 
 // The same for a Mat of any dtype (bf16 products where w.bf16_inputs): rows [r0, r1) of w,
 // y[t * ldy + r - r0].

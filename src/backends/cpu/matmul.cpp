@@ -38,10 +38,44 @@ void matmul_multi(std::span<const MatmulJob> jobs, int64_t n, ThreadPool* pool) 
       end_cost.push_back(total);
     }
   }
+  // bf16 products over more than 4 tokens read their inputs rounded to bf16: rounded here once per
+  // distinct input (q/k/v share theirs), not once per unit (a [12288, 2048] product has 256), into
+  // grow-only scratch (a fresh buffer per call costs page faults).
+  std::vector<kern::XRows> xs(jobs.size());
+  std::vector<size_t> first(jobs.size());  // the job whose rounding job j reads
+  size_t rounded_size = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const MatmulJob& job = jobs[j];
+    xs[j] = kern::XRows{job.x, job.ldx != 0 ? job.ldx : job.w.cols, nullptr};
+    first[j] = j;
+    if (!job.w.bf16_inputs || n <= 4) continue;
+    for (size_t i = 0; i < j && first[j] == j; ++i) {
+      if (xs[i].bf16_ld != 0 && xs[i].base == xs[j].base && xs[i].ld == xs[j].ld &&
+          jobs[i].w.cols == job.w.cols)
+        first[j] = i;
+    }
+    xs[j].bf16_ld = job.w.cols;
+    if (first[j] == j) rounded_size += n * job.w.cols;
+  }
+  if (rounded_size > 0) {
+    thread_local std::vector<uint16_t> rounded;
+    if (rounded.size() < rounded_size) rounded.resize(rounded_size);
+    size_t at = 0;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (xs[j].bf16_ld == 0) continue;
+      if (first[j] == j) {
+        kern::round_rows_bf16(jobs[j].x, xs[j].ld, n, jobs[j].w.cols, rounded.data() + at);
+        xs[j].bf16 = rounded.data() + at;
+        at += n * jobs[j].w.cols;
+      } else {
+        xs[j].bf16 = xs[first[j]].bf16;
+      }
+    }
+  }
   auto run_units = [&](size_t ub, size_t ue) {
     for (size_t u = ub; u < ue; ++u) {
       const MatmulJob& job = jobs[units[u].job];
-      const kern::XRows x{job.x, job.ldx != 0 ? job.ldx : job.w.cols, nullptr};
+      const kern::XRows& x = xs[units[u].job];
       kern::gemm_rows(job.w, x, n, job.y + units[u].r0, job.ldy != 0 ? job.ldy : job.w.rows,
                       units[u].r0, units[u].r1);
     }

@@ -121,8 +121,21 @@ void moe_ffn(const MoeArgs& a, const float* x, int64_t N, float* y, ThreadPool* 
              h_floats);
   };
 
+  // bf16 products over more than 4 rows: x rounded to bf16 once (kern::XRows::bf16) for the
+  // router and every group's gate and up, which would each round their rows per call.
+  const bool round_x =
+      N > 4 && (a.router.bf16_inputs || (a.shared != nullptr && a.shared->gate.bf16_inputs) ||
+                (e_end > e_begin && a.experts[e_begin].gate.bf16_inputs));
+  thread_local std::vector<uint16_t> x_rounded;
+  if (round_x) {
+    if (static_cast<int64_t>(x_rounded.size()) < N * H) x_rounded.resize(N * H);
+    kern::round_rows_bf16(x, H, N, H, x_rounded.data());
+  }
+  const uint16_t* xb = round_x ? x_rounded.data() : nullptr;
+  const int64_t xb_ld = round_x ? H : 0;
+
   parallel_region(pool, [&](const Worker& wk) {
-    const kern::XRows xs{x, H, nullptr};
+    const kern::XRows xs{x, H, nullptr, xb, xb_ld};
     // 1. Router logits (split by expert) and the shared gate's logit (worker 0).
     if (E > 0) {
       int64_t e0, e1;
@@ -142,7 +155,7 @@ void moe_ffn(const MoeArgs& a, const float* x, int64_t N, float* y, ThreadPool* 
       int64_t i0, i1;
       split_range(I, 16, wk, &i0, &i1);
       if (i0 >= i1) continue;
-      const kern::XRows xg{x, H, rows.data() + g.first};
+      const kern::XRows xg{x, H, rows.data() + g.first, xb, xb_ld};
       float* h = hbuf + g.h_off;
       if (static_cast<int64_t>(upbuf.size()) < g.n * (i1 - i0)) upbuf.resize(g.n * (i1 - i0));
       kern::gemm_rows(g.f->gate, xg, g.n, h + i0, I, i0, i1);
