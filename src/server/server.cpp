@@ -211,9 +211,10 @@ class Service {
                                    std::chrono::milliseconds(o_.keep_warm_ms)});
     }
     ready_ = true;
-    spdlog::info("model {} loaded from {} in {:.2f} s ({} layers, vocab {}); serving",
+    spdlog::info("model {} loaded from {} in {:.2f} s ({} layers, vocab {}{}); serving",
                  o_.model_name, o_.model_dir, seconds(Clock::now() - t0),
-                 model_->config().num_hidden_layers, model_->config().vocab_size);
+                 model_->config().num_hidden_layers, model_->config().vocab_size,
+                 o_.load.bf16_products ? ", bf16 products" : "");
     return true;
   }
 
