@@ -26,7 +26,8 @@ void add_load_options(CLI::App* cmd, WeightOptions* o) {
                   "Inputs of the CPU's products with bf16 weights: f32 (exact fp32 products, "
                   "logits within 1e-4 of transformers') or bf16 (rounded to bf16 for bf16 dot "
                   "products, as llama.cpp does: faster prefill on CPUs with AVX512-BF16, logits "
-                  "within about 1e-2); the same tokens alone, batched or drafted either way")
+                  "within about 0.1 relative L2); the same tokens alone, batched or drafted "
+                  "either way")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
 }

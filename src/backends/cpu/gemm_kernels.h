@@ -261,8 +261,8 @@ inline void hsum_many(const Vec* v, int n, float* out) {
   }
 }
 
-// x rows already rounded to bf16 (bf16 products over many tokens: gemm converts them once per
-// token block, with the conversion load_x_pairs does on the fly, so the bits are the same).
+// x rows already rounded to bf16 (XRows::bf16, by round_rows_bf16: the rounding load_x_pairs does
+// on the fly, so the bits are the same).
 inline Pairs load_x_pairs(const uint16_t* x, int64_t k) {
   return load_w_pairs(x, k);
 }
