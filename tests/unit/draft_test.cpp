@@ -56,17 +56,22 @@ struct Out {
   int64_t n_cached = 0;
 };
 
-enum class Which { kSmall, kTiny };
+// The small random model (with its products on fp32 inputs, or on bf16 inputs: LoadOptions::
+// bf16_products, --matmul-precision bf16, under which every contract here must hold as well:
+// checked to fail seven of these with a product's pre-rounded inputs truncated instead of rounded
+// to nearest, so that a batch's rows no longer equal a row alone), or tiny-next.
+enum class Which { kSmall, kSmallBf16, kTiny };
 
 class DraftEngineTest : public ::testing::TestWithParam<Which> {
  protected:
   void SetUp() override {
-    if (GetParam() == Which::kSmall) {
+    if (!tiny()) {
       RandomCheckpointOptions o;
       o.mtp = true;
       o.seed = 5;
       testing::write_small_checkpoint(dir_.path("m"), o);
-      auto m = Model::load(dir_.path("m"));
+      auto m = Model::load(dir_.path("m"), {},
+                           LoadOptions{.bf16_products = GetParam() == Which::kSmallBf16});
       ASSERT_TRUE(m.is_ok()) << m.status().to_string();
       model_ = std::move(*m);
     } else {
@@ -492,6 +497,7 @@ TEST_P(DraftEngineTest, SamplingDistributionMatchesPlain) {
   // spread of continuations, and 2 x 800 of its requests take over a minute here: the small model
   // only (its head's drafts are accepted a few percent of the time, enough to move the statistic).
   if (tiny()) GTEST_SKIP() << "the small model covers the distribution";
+  if (GetParam() == Which::kSmallBf16) GTEST_SKIP() << "the products' precision changes no rule";
   // Under the sanitizers (7x slower) the statistics are left to the release run; the same
   // acceptance code runs there in the other drafting tests.
   if (testing::kSanitized) GTEST_SKIP() << "the release run covers the distribution";
@@ -548,9 +554,12 @@ TEST_P(DraftEngineTest, SamplingDistributionMatchesPlain) {
   EXPECT_LT(chi2, limit) << "df " << df << " (" << both.size() << " continuations)";
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, DraftEngineTest, ::testing::Values(Which::kSmall, Which::kTiny),
+INSTANTIATE_TEST_SUITE_P(Models, DraftEngineTest,
+                         ::testing::Values(Which::kSmall, Which::kSmallBf16, Which::kTiny),
                          [](const auto& info) {
-                           return info.param == Which::kSmall ? "small" : "tiny_next";
+                           return info.param == Which::kSmall       ? "small"
+                                  : info.param == Which::kSmallBf16 ? "small_bf16_products"
+                                                                    : "tiny_next";
                          });
 
 }  // namespace
