@@ -150,6 +150,8 @@ int run_bench(const BenchOptions& o) {
   const double ceiling = bw / bytes;
   nlohmann::json j = {{"model", o.model},
                       {"threads", pool.size()},
+                      {"load_mode", o.weights.mode},
+                      {"matmul_precision", o.weights.precision},
                       {"prompt_len", prompt_len},
                       {"gen", o.gen},
                       {"prefill_tok_s", prefill_tps},
@@ -182,7 +184,8 @@ int run_bench(const BenchOptions& o) {
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("model            %s (%d threads)\n", o.model.c_str(), pool.size());
+    std::printf("model            %s (%d threads, load mode %s, %s products)\n", o.model.c_str(),
+                pool.size(), o.weights.mode.c_str(), o.weights.precision.c_str());
     std::printf("prefill          %.1f tok/s (%d tokens, best of %d)\n", prefill_tps, prompt_len,
                 o.reps);
     std::printf("decode           %.2f tok/s (%d tokens, best of %d); %.2f tok per CPU second\n",
