@@ -147,6 +147,15 @@ TEST(ModelLoad, PackedExpertsAndMtpLoad) {
   for (float x : logits) ASSERT_TRUE(std::isfinite(x));
 }
 
+// Every logits row of `toks` fed to a fresh state of `m` as one prompt.
+std::vector<float> prompt_logits(const Model& m, std::span<const int32_t> toks) {
+  SequenceState st = m.new_state();
+  StepInput in{&st, toks, true};
+  std::vector<float> logits;
+  m.forward({&in, 1}, &logits, nullptr);
+  return logits;
+}
+
 // Every matrix of `w` (with the mats of the MTP layer), in a fixed order.
 std::vector<Mat> all_mats(const Weights& w) {
   std::vector<Mat> out{w.embed, w.lm_head};
@@ -209,12 +218,8 @@ TEST(ModelLoad, CopiedWeightsEqualTheMappedOnes) {
     ASSERT_TRUE(m.is_ok() && c.is_ok());
     for (const residency::Range& r : (*c)->residency_ranges())
       EXPECT_NE(std::string(r.what), "weights") << "the mapping is still held";
-    std::vector<float> la, lb;
     const int32_t toks[] = {1, 2, 3, 4, 5};
-    SequenceState sa = (*m)->new_state(), sb = (*c)->new_state();
-    StepInput ia{&sa, toks, true}, ib{&sb, toks, true};
-    (*m)->forward({&ia, 1}, &la, nullptr);
-    (*c)->forward({&ib, 1}, &lb, nullptr);
+    const std::vector<float> la = prompt_logits(**m, toks), lb = prompt_logits(**c, toks);
     ASSERT_EQ(la.size(), lb.size());
     EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)));
   }
@@ -249,11 +254,7 @@ TEST(ModelLoad, Bf16ProductsReachEveryBf16Matrix) {
   auto bf16 = Model::load(dir.path("m"), {}, LoadOptions{.bf16_products = true});
   ASSERT_TRUE(f32.is_ok() && bf16.is_ok());
   const int32_t toks[] = {1, 2, 3, 4, 5, 6, 7, 8};
-  std::vector<float> la, lb;
-  SequenceState sa = (*f32)->new_state(), sb = (*bf16)->new_state();
-  StepInput ia{&sa, toks, true}, ib{&sb, toks, true};
-  (*f32)->forward({&ia, 1}, &la, nullptr);
-  (*bf16)->forward({&ib, 1}, &lb, nullptr);
+  const std::vector<float> la = prompt_logits(**f32, toks), lb = prompt_logits(**bf16, toks);
   ASSERT_EQ(la.size(), lb.size());
   EXPECT_NE(0, std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)));
   EXPECT_LT(rel_l2(lb.data(), la.data(), la.size()), 0.05);
