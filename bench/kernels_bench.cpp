@@ -1,6 +1,7 @@
 // Micro-benchmarks of the CPU backend's kernels on bench-mid's shapes (Qwen3-Next-80B-A3B widths).
 // Matrices larger than the caches are used round-robin so that decode numbers measure DRAM, as a
 // real decode step does.
+#include <immintrin.h>
 #include <sys/mman.h>
 
 #include <cstring>
@@ -100,10 +101,12 @@ BENCHMARK(BM_Gemm)
 
 // The fused MoE op with bench-mid's layer: 64 experts of [512, 2048], top 10, a shared expert.
 // Two layers' copies alternate so that weights stream from DRAM. Args: rows (1 = decode), 1 = on
-// the calling thread only.
+// the calling thread only, 1 = bf16 products. Bytes/s count one decode row's weights; FLOP/s
+// (items/s) the products' multiply-adds over all rows.
 void BM_Moe(benchmark::State& st) {
   const int64_t N = st.range(0), H = 2048, I = 512, E = 64, layers = 2;
   ThreadPool* p = st.range(1) != 0 ? nullptr : &pool();
+  const bool bf16 = st.range(2) != 0;
   const int64_t per_expert = 3 * I * H, per_layer = (E + 1) * per_expert + E * H;
   Buffer buf(per_layer * layers, false);
   std::vector<std::vector<cpu::FfnMats>> experts(layers);
@@ -114,13 +117,13 @@ void BM_Moe(benchmark::State& st) {
     const uint16_t* base = buf.data + l * per_layer;
     auto ffn = [&](int64_t e) {
       const uint16_t* p = base + e * per_expert;
-      return cpu::FfnMats{{DType::kBF16, p, I, H},
-                          {DType::kBF16, p + I * H, I, H},
-                          {DType::kBF16, p + 2 * I * H, H, I}};
+      return cpu::FfnMats{{DType::kBF16, p, I, H, bf16},
+                          {DType::kBF16, p + I * H, I, H, bf16},
+                          {DType::kBF16, p + 2 * I * H, H, I, bf16}};
     };
     for (int64_t e = 0; e < E; ++e) experts[l].push_back(ffn(e));
     shared[l] = ffn(E);
-    args[l].router = cpu::Mat{DType::kBF16, base + (E + 1) * per_expert, E, H};
+    args[l].router = cpu::Mat{DType::kBF16, base + (E + 1) * per_expert, E, H, bf16};
     args[l].experts = experts[l].data();
     args[l].top_k = 10;
     args[l].shared = &shared[l];
@@ -135,8 +138,46 @@ void BM_Moe(benchmark::State& st) {
   }
   // Bytes of one decode row: router + 10 experts + shared.
   st.SetBytesProcessed(st.iterations() * (E * H + 11 * per_expert) * 2);
+  st.SetItemsProcessed(st.iterations() * N * (E * H + 11 * per_expert) * 2);
 }
-BENCHMARK(BM_Moe)->Args({1, 0})->Args({4, 0})->Args({128, 0})->Args({128, 1})->UseRealTime();
+BENCHMARK(BM_Moe)
+    ->Args({1, 0, 0})
+    ->Args({4, 0, 0})
+    ->Args({128, 0, 0})
+    ->Args({128, 1, 0})
+    ->Args({128, 0, 1})
+    ->Args({128, 1, 1})
+    ->UseRealTime();
+
+// The core's arithmetic peak, the ceiling of the prefill products (docs/PERFORMANCE.md, "The
+// CPU's arithmetic ceiling"): 12 independent accumulators (more than the instruction's latency
+// times its issue rate) updated back to back from registers, no loads. Arg: 1 = VDPBF16PS (bf16
+// products: 16 lanes x 2 multiply-adds), 0 = fp32 FMA (16 lanes x 1). FLOP/s as items/s, on the
+// calling thread (run it twice at once to see both cores).
+#if defined(__AVX512BF16__)
+void BM_CorePeak(benchmark::State& st) {
+  constexpr int kAcc = 12, kSteps = 1 << 16;
+  const bool bf16 = st.range(0) != 0;
+  __m512 acc[kAcc];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  __m512 a = _mm512_set1_ps(1.0e-3f), b = _mm512_set1_ps(0.5f);
+  __m512bh ah = _mm512_cvtne2ps_pbh(a, a), bh = _mm512_cvtne2ps_pbh(b, b);
+  for (auto _ : st) {
+    for (int n = 0; n < kSteps; ++n) {
+      if (bf16) {
+        for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], ah, bh);
+        asm volatile("" : "+v"(ah));  // keeps the loop from being folded
+      } else {
+        for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
+        asm volatile("" : "+v"(a));
+      }
+    }
+    benchmark::DoNotOptimize(acc);
+  }
+  st.SetItemsProcessed(st.iterations() * int64_t{kSteps} * kAcc * 16 * (bf16 ? 4 : 2));
+}
+BENCHMARK(BM_CorePeak)->Arg(1)->Arg(0);
+#endif
 
 // Gated delta rule of one GDN layer (32 heads of 128 x 128). Args: tokens (1 = decode step,
 // else a chunked prefill), 1 = on the calling thread only.
