@@ -1,8 +1,10 @@
 // Micro-benchmarks of the CPU backend's kernels on bench-mid's shapes (Qwen3-Next-80B-A3B widths).
 // Matrices larger than the caches are used round-robin so that decode numbers measure DRAM, as a
 // real decode step does.
-#include <immintrin.h>
 #include <sys/mman.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #include <cstring>
 #include <random>
