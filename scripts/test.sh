@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up, builds (release and ASan+UBSan) and runs the whole test suite in parallel, then the
-# runtime tests (threads: scheduler, engine, kept-state pool) under ThreadSanitizer.
+# runtime tests (threads: worker pool, scheduler, engine, kept-state pool) under ThreadSanitizer.
 # Labels: unit, runtime, golden, tokenizer, server, faults, eval, format, tp (tensor parallelism
 # under mpirun; release only: the ASan preset builds without MPI). `scripts/test.sh -L unit`
 # passes arguments on to ctest (the TSan run always takes the runtime label).

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace tf {
 
 ThreadPool::ThreadPool(int n_threads) {
@@ -32,6 +36,28 @@ static void block_range(int64_t n, int64_t grain, int index, int n_threads, int6
   *e = std::min(n, ue * grain);
 }
 
+namespace {
+
+// Polls done() until it holds or `budget` has passed; true if it held.
+template <class Done>
+bool spin_until(Done done, std::chrono::microseconds budget) {
+  const auto until = std::chrono::steady_clock::now() + budget;
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+    if (i % 64 == 63) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      // Let a thread waiting for this core run (more threads than cores: tests in parallel,
+      // other processes); alone on the core this returns at once.
+      std::this_thread::yield();
+    }
+  }
+}
+
+}  // namespace
+
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
@@ -40,21 +66,25 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     fn(0, n);
     return;
   }
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = &fn;
     job_n_ = n;
     job_grain_ = grain;
-    pending_ = n_threads_ - 1;
-    ++generation_;
+    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    wake = sleepers_ > 0;
   }
-  cv_start_.notify_all();
+  if (wake) cv_start_.notify_all();
   int64_t b, e;
   block_range(n, grain, 0, n_threads_, &b, &e);
   if (b < e) fn(b, e);
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_done_.wait(lock, [this] { return pending_ == 0; });
-  job_ = nullptr;
+  auto done = [this] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(done, kSpin)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_done_.wait(lock, done);
+  }
 }
 
 void ThreadPool::wake() {
@@ -65,23 +95,24 @@ void ThreadPool::wake() {
 void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* job;
-    int64_t n, grain;
-    {
+    auto started = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+    if (!spin_until(started, kSpin)) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      ++sleepers_;
+      cv_start_.wait(lock, [&] { return stop_ || started(); });
+      --sleepers_;
       if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
-      grain = job_grain_;
     }
+    seen = generation_.load(std::memory_order_acquire);
+    const std::function<void(int64_t, int64_t)>* job = job_;
     int64_t b, e;
-    block_range(n, grain, index, n_threads_, &b, &e);
+    block_range(job_n_, job_grain_, index, n_threads_, &b, &e);
     if (b < e) (*job)(b, e);
-    {
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // The caller may have stopped spinning: wake it (under the mutex, so that it is either
+      // waiting already or will see pending_ == 0 before it waits).
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
+      cv_done_.notify_one();
     }
   }
 }

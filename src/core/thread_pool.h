@@ -5,6 +5,8 @@
 // columns, never a reduction, so results are bit-identical for any thread count.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -34,14 +36,24 @@ class ThreadPool {
  private:
   void worker(int index);
 
+  // After a job, workers (and the caller, for the job's end) poll for up to kSpin before sleeping
+  // on the condition variables: a decode step dispatches a few dozen jobs, microseconds apart,
+  // and waking a sleeping thread costs tens of microseconds on our 2-vCPU VM (tiny-next decoded
+  // about 2x slower on two threads than on one; docs/PERFORMANCE.md, "Workers that wait
+  // spinning"). An idle pool sleeps after kSpin.
+  static constexpr std::chrono::microseconds kSpin{200};
+
   int n_threads_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable cv_start_, cv_done_;
+  // The job, written by the caller before it bumps generation_ (release) and read by the
+  // workers after they see the new generation (acquire).
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0, job_grain_ = 1;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  int sleepers_ = 0;  // workers waiting on cv_start_ (under mu_)
   bool stop_ = false;
 };
 

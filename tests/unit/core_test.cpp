@@ -1,4 +1,3 @@
-#include <atomic>
 #include <map>
 #include <vector>
 
@@ -7,23 +6,9 @@
 #include "core/buffer.h"
 #include "core/dtype.h"
 #include "core/status.h"
-#include "core/thread_pool.h"
 
 namespace tf {
 namespace {
-
-TEST(ThreadPool, CoversEveryIndexOnce) {
-  for (int threads : {1, 2, 3, 7}) {
-    ThreadPool pool(threads);
-    for (int64_t n : {1, 5, 16, 1000}) {
-      std::vector<std::atomic<int>> hits(n);
-      pool.parallel_for(n, 4, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) hits[i]++;
-      });
-      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
-    }
-  }
-}
 
 TEST(Status, ResultCarriesValueOrError) {
   Result<int> ok = 5;
