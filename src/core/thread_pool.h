@@ -36,11 +36,11 @@ class ThreadPool {
  private:
   void worker(int index);
 
-  // After a job, workers (and the caller, for the job's end) poll for up to kSpin before sleeping
-  // on the condition variables: a decode step dispatches a few dozen jobs, microseconds apart,
-  // and waking a sleeping thread costs tens of microseconds on our 2-vCPU VM (tiny-next decoded
-  // about 2x slower on two threads than on one; docs/PERFORMANCE.md, "Workers that wait
-  // spinning"). An idle pool sleeps after kSpin.
+  // After a job, workers (and the caller, for the job's end) poll for up to kSpin, yielding the
+  // core every 64 pauses, before sleeping on the condition variables: a decode step dispatches a
+  // few dozen jobs, microseconds apart, and waking a sleeping thread costs tens of microseconds on
+  // our 2-vCPU VM (tiny-next decoded about 2x slower on two threads than on one;
+  // docs/PERFORMANCE.md, "Workers that wait spinning"). An idle pool sleeps after kSpin.
   static constexpr std::chrono::microseconds kSpin{200};
 
   int n_threads_;

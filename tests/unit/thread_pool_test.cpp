@@ -29,8 +29,8 @@ TEST(ThreadPool, CoversEveryIndexOnce) {
 // Jobs published while the workers spin (back to back), while they fall asleep (gaps around the
 // pool's 200 us spin) and long after (every worker asleep) all run every index once and return.
 // Guards the hand-over between spinning and sleeping: with the caller's notify of sleeping workers
-// removed (`if (wake)` made `if (false)` in ThreadPool::parallel_for) the first job after a gap
-// never starts and this test hangs until ctest's timeout; checked once.
+// never sent (`if (wake)` made `if (wake && n < 0)` in ThreadPool::parallel_for) the first job
+// after a gap never starts and this test hangs until ctest's timeout; checked once.
 TEST(ThreadPool, JobsRunWhetherTheWorkersSpinOrSleep) {
   for (int threads : {2, 3}) {
     ThreadPool pool(threads);
