@@ -1,6 +1,7 @@
 #include "backends/cpu/parallel.h"
 
 #include <algorithm>
+#include <thread>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -25,6 +26,7 @@ void SpinBarrier::wait() {
 #if defined(__x86_64__)
     _mm_pause();
 #endif
+    if (spins % 64 == 63) std::this_thread::yield();  // as ThreadPool's polls: let a waiter run
   }
   sleepers_.fetch_add(1);
   while (phase_.load() == phase) phase_.wait(phase);
