@@ -36,6 +36,13 @@ static void block_range(int64_t n, int64_t grain, int index, int n_threads, int6
   *e = std::min(n, ue * grain);
 }
 
+void spin_step(int i) {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+  if (i % 64 == 63) std::this_thread::yield();
+}
+
 namespace {
 
 // Polls done() until it holds or `budget` has passed; true if it held.
@@ -44,15 +51,8 @@ bool spin_until(Done done, std::chrono::microseconds budget) {
   const auto until = std::chrono::steady_clock::now() + budget;
   for (int i = 0;; ++i) {
     if (done()) return true;
-#if defined(__x86_64__)
-    _mm_pause();
-#endif
-    if (i % 64 == 63) {
-      if (std::chrono::steady_clock::now() > until) return false;
-      // Let a thread waiting for this core run (more threads than cores: tests in parallel,
-      // other processes); alone on the core this returns at once.
-      std::this_thread::yield();
-    }
+    spin_step(i);
+    if (i % 64 == 63 && std::chrono::steady_clock::now() > until) return false;
   }
 }
 

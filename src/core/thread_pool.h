@@ -57,4 +57,10 @@ class ThreadPool {
   bool stop_ = false;
 };
 
+// Step i (0, 1, 2, ...) of a polling loop: a pause, and every 64th step a yield of the core, so
+// that a thread waiting for it runs when threads outnumber cores (tests in parallel, a second
+// process); alone on the core the yield returns at once. The pool's polls and the CPU kernels'
+// barrier (backends/cpu/parallel.h) wait with it.
+void spin_step(int i);
+
 }  // namespace tf

@@ -48,7 +48,9 @@ TEST(ThreadPool, JobsRunWhetherTheWorkersSpinOrSleep) {
   }
 }
 
-// A pool destroyed right after a job, while its workers still spin, joins them and returns.
+// A pool destroyed right after a job, while its workers still spin, joins them and returns: a
+// spinning worker sees stop_ only once it falls asleep. With stop_ left out of the sleeping
+// worker's wait this hangs (checked once).
 TEST(ThreadPool, DestroyedWhileItsWorkersSpin) {
   for (int i = 0; i < 50; ++i) {
     std::atomic<int> ran{0};

@@ -1,11 +1,6 @@
 #include "backends/cpu/parallel.h"
 
 #include <algorithm>
-#include <thread>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 namespace tf::cpu {
 
@@ -23,10 +18,7 @@ void SpinBarrier::wait() {
   // machine the last thread may have been descheduled, and spinning would only delay it.
   for (int spins = 0; spins < kSpins; ++spins) {
     if (phase_.load(std::memory_order_acquire) != phase) return;
-#if defined(__x86_64__)
-    _mm_pause();
-#endif
-    if (spins % 64 == 63) std::this_thread::yield();  // as ThreadPool's polls: let a waiter run
+    spin_step(spins);
   }
   sleepers_.fetch_add(1);
   while (phase_.load() == phase) phase_.wait(phase);
