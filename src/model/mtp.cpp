@@ -120,6 +120,10 @@ std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int
            std::find(o.stop_tokens.begin(), o.stop_tokens.end(), t) != o.stop_tokens.end();
   };
   DraftPolicy policy(o.draft_max);
+  int steps = 0;  // decode steps so far: the first kWarmSteps are not learned from
+  auto learn = [&](int k, int emitted, double seconds) {
+    if (++steps > DraftPolicy::kWarmSteps) policy.observe(k, emitted, seconds);
+  };
   int32_t tok = first;
   while (!emit(tok)) {
     const double c0 = policy_clock(model);
@@ -148,7 +152,7 @@ std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int
     if (!verify) {
       const double s = secs(t0);
       st.verify_seconds += s;
-      policy.observe(k, 1, policy_clock(model) - c0);
+      learn(k, 1, policy_clock(model) - c0);
       tok = argmax_row(logits);
       continue;
     }
@@ -157,7 +161,7 @@ std::vector<int32_t> greedy_decode(const Model& model, SequenceState* state, int
     const double s = secs(t0);
     st.verify_seconds += s;
     const int j = static_cast<int>(d.tokens.size());
-    policy.observe(k, static_cast<int>(m) + 1, policy_clock(model) - c0);
+    learn(k, static_cast<int>(m) + 1, policy_clock(model) - c0);
     ++st.verify_steps;
     st.drafted += j;
     st.accepted += m;

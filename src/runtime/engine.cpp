@@ -54,7 +54,7 @@ void Engine::shutdown() {
 
 std::unique_ptr<Engine::Active> Engine::make_active(GenerationRequest r) {
   auto a = std::make_unique<Active>(Active{
-      std::move(r), {}, Sampler({}), {}, false, 0, 0, -1, {}, {}, 0, {}, {}, {}, {}, false, 0});
+      std::move(r), {}, Sampler({}), {}, false, 0, 0, -1, {}, {}, 0, 0, {}, {}, {}, {}, false, 0});
   a->sampler = Sampler(a->req.sampling);
   return a;
 }
@@ -453,7 +453,7 @@ void Engine::commit_decode(StepRow& r, std::span<const float> logits) {
     a.lookup_depth =
         i == j ? std::min(2 * a.lookup_depth, o_.draft_lookup) : std::max<int>(1, i + 1);
   }
-  if (a.policy && o_.draft_adaptive)
+  if (a.policy && o_.draft_adaptive && ++a.decode_steps > DraftPolicy::kWarmSteps)
     observed_.push_back(Observed{r.seq, k, emitted, lookup, a.lookup_matched});
   if (o_.on_decode_state) o_.on_decode_state(r.seq, a.state);
 }

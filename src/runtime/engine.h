@@ -161,6 +161,7 @@ class Engine {
     // MTP drafting (requests that may draft only): the depth policy, and this step's k and feed.
     std::optional<DraftPolicy> policy;
     int k = 0;                  // drafts asked for this step (0: a plain decode row)
+    int decode_steps = 0;       // decode steps so far (DraftPolicy::kWarmSteps)
     std::vector<int32_t> feed;  // this step's decode row: [last, d_1 .. d_j]
     // Prompt lookup (EngineOptions::draft_lookup): whether to use it where it matches (arm 1) or
     // not (arm 0), this step's lookup drafts (empty: the MTP head drafts, if any), whether a lookup

@@ -368,6 +368,40 @@ TEST(MtpPolicy, ThePriorsProbesCorrectAStaleStart) {
   EXPECT_GT(plain_steps, 540);
 }
 
+// Requests as the Engine runs them, each 16 decode steps long, on a machine whose first decode
+// steps after a prompt are dear whatever their k (the weights left the caches: tiny-next on a
+// 2-core EPYC measured 2.4x, 1.9x, 1.5x, 1.7x, then 1.0x a plain step). In truth k = 1 costs
+// 1.6 plain steps for 1.5 tokens (1.07x per token), so plain decoding is the right choice. The
+// engine learns nothing from a request's first DraftPolicy::kWarmSteps steps, so the first sweep
+// measures k = 0 and k = 1 at their steady costs and the requests decode plainly (9 drafted steps
+// in requests 1-39, the prior's probes). Checked to fail with kWarmSteps = 0: k = 0's one sample
+// is the dear first step, and requests 1-39 draft on 240 steps.
+TEST(MtpPolicy, TheFirstStepsAfterAPromptAreNotLearnedFrom) {
+  const double warm[] = {2.4, 1.9, 1.5, 1.7};  // cost of a request's first steps, x steady
+  DraftPolicy prior(1, 32);
+  std::vector<int> drafted_steps;  // per request
+  for (int r = 0; r < 40; ++r) {
+    DraftPolicy req = prior;
+    req.defer_probe();
+    int drafted = 0;
+    for (int i = 0; i < 16; ++i) {
+      const int k = next_depth(&prior, &req);
+      const int emitted = k == 0 ? 1 : 1 + (i + r) % 2;  // k = 1: half of the drafts accepted
+      const double seconds = (k == 0 ? 1.0 : 1.6) * (i < 4 ? warm[i] : 1.0);
+      drafted += k;
+      if (i < DraftPolicy::kWarmSteps) continue;  // as Engine::commit_decode
+      req.observe(k, emitted, seconds);
+      prior.observe(k, emitted, seconds);
+    }
+    drafted_steps.push_back(drafted);
+  }
+  int late = 0;
+  for (int r = 1; r < 40; ++r) late += drafted_steps[r];
+  EXPECT_LE(late, 16) << "drafted steps in requests 1-39 (first request: " << drafted_steps[0]
+                      << ")";
+  EXPECT_NEAR(prior.cost(0), 1.0, 1e-9);
+}
+
 // --- An independent plain-C++ MTP head (scalar loops, double accumulation), for the formulas ---
 
 std::vector<double> row_of(const cpu::Mat& w, int64_t r) {
