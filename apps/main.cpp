@@ -16,10 +16,10 @@ int main(int argc, char** argv) {
   // A CPU forward's temporaries (activations, the MoE's and the delta rule's buffers: about 11 MB
   // for a 256-token prompt of tiny-next) are vectors made and freed per call. By default glibc
   // gives freed memory above 128 KiB-32 MiB back to the kernel, so every prefill faulted its pages
-  // in again and the kernel zeroed them: 7-14% of tiny-next's prefill time (2-core EPYC,
-  // 2026-12-06: 512 tokens 6690-7272 -> 7747-7985 tok/s, 128 tokens 6485-8364 -> 7197-7284).
-  // Blocks under 64 MiB now come from the heap, and up to 512 MiB of freed heap stays mapped for
-  // the next call. (The weights are mapped by the loader itself, not through malloc.)
+  // in again and the kernel zeroed them: tiny-next's prefill is 6-13% faster without that
+  // (docs/PERFORMANCE.md, "Freed scratch kept in the heap"). Blocks under 64 MiB now come from
+  // the heap, and up to 512 MiB of freed heap stays mapped for the next call. (The weights are
+  // mapped by the loader itself, not through malloc.)
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   CLI::App app{"TensorFold: an inference engine for Qwen3-Next hybrid MoE models"};
