@@ -92,7 +92,7 @@ std::vector<int32_t> random_ids(std::mt19937& rng, int n, int64_t vocab) {
 // Runs `prompts` at once; returns the steady-state aggregate decode rate: tokens that arrived
 // while every stream was decoding (after the last first token, before the first last token)
 // divided by that window. With `gaps`: gaps->at(i) gets, for each request, the seconds between
-// its tokens i and i + 1 (i >= 1: token 0 comes with the prompt's step).
+// its tokens i and i + 1, the time of its decode step i + 1 (token 0 came with the prompt).
 double aggregate_decode(const Model& model, const Options& o, int n, std::mt19937& rng,
                         std::vector<std::vector<double>>* gaps = nullptr) {
   EngineOptions eo;
@@ -113,7 +113,7 @@ double aggregate_decode(const Model& model, const Options& o, int n, std::mt1993
   }
   for (auto& t : tl) t->wait();
   for (auto& t : tl) {
-    for (size_t i = 1; gaps != nullptr && i + 1 < t->tokens.size(); ++i) {
+    for (size_t i = 0; gaps != nullptr && i + 1 < t->tokens.size(); ++i) {
       if (gaps->size() <= i) gaps->resize(i + 1);
       (*gaps)[i].push_back(std::chrono::duration<double>(t->tokens[i + 1] - t->tokens[i]).count());
     }
@@ -306,7 +306,7 @@ int run(const Options& o) {
   if (!o.json)
     std::printf("aggregate decode (prompt %d, %d tokens each, best of %d):\n", o.prompt_len, o.gen,
                 o.reps);
-  std::vector<std::vector<double>> gaps;  // one stream: [i] seconds from token i to i + 1
+  std::vector<std::vector<double>> gaps;  // one stream: [i] seconds of decode step i + 1
   for (int n : o.streams) {
     double best = 0;
     for (int rep = 0; rep < o.reps; ++rep)
@@ -317,23 +317,23 @@ int run(const Options& o) {
   // A decode step's time by its place after the prompt (one stream): the first steps after a
   // prompt's step can be dearer (on a CPU the prompt leaves the decode weights out of the caches;
   // docs/PERFORMANCE.md, "The first decode steps after a prompt are not learned from").
-  if (gaps.size() > 1) {
+  if (!gaps.empty()) {
     auto mean_ms = [](const std::vector<double>& v) {
       double sum = 0;
       for (double x : v) sum += x;
       return v.empty() ? 0.0 : 1e3 * sum / static_cast<double>(v.size());
     };
     std::vector<double> later;  // steps 9 and after
-    for (size_t i = 9; i < gaps.size(); ++i)
+    for (size_t i = 8; i < gaps.size(); ++i)
       later.insert(later.end(), gaps[i].begin(), gaps[i].end());
     nlohmann::json first = nlohmann::json::array();
     if (!o.json) std::printf("  1 stream, ms a decode step by its place after the prompt:");
-    for (size_t i = 1; i < std::min<size_t>(gaps.size(), 9); ++i) {
+    for (size_t i = 0; i < std::min<size_t>(gaps.size(), 8); ++i) {
       first.push_back(mean_ms(gaps[i]));
-      if (!o.json) std::printf(" %zu: %.3f", i, mean_ms(gaps[i]));
+      if (!o.json) std::printf(" %zu: %.3f", i + 1, mean_ms(gaps[i]));
     }
     if (!o.json)
-      std::printf(", 9 on: %.3f (mean of %zu replies)\n", mean_ms(later), gaps[1].size());
+      std::printf(", 9 on: %.3f (mean of %zu replies)\n", mean_ms(later), gaps[0].size());
     out["step_ms_after_prompt"] = {{"first", first}, {"later", mean_ms(later)}};
   }
   std::vector<TurnResult> turns;
