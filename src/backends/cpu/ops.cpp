@@ -164,6 +164,25 @@ void rope_neox(float* x, int64_t n_heads, int64_t head_dim, int64_t rotary_dim,
   }
 }
 
+// o[c] = inv * sum_j p_j v_j[c] over the NV vectors of one column block, one fma per key in
+// ascending order, the block's accumulators held in registers across the keys.
+template <int NV>
+void attend_values(const float* p, int64_t L, const float* v, int64_t v_stride,
+                   const BlockMasks& bm, simd::V inv, float* o) {
+  simd::V acc[NV];
+#pragma GCC unroll 8
+  for (int u = 0; u < NV; ++u) acc[u] = simd::set1(0.0f);
+  for (int64_t j = 0; j < L; ++j) {
+    const auto pj = simd::set1(p[j]);
+    const float* vr = v + j * v_stride;
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u)
+      acc[u] = simd::fma(pj, simd::load(vr + u * kLanes, bm.m[u]), acc[u]);
+  }
+#pragma GCC unroll 8
+  for (int u = 0; u < NV; ++u) simd::store(o + u * kLanes, simd::mul(acc[u], inv), bm.m[u]);
+}
+
 void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cache,
                const float* v_cache, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
                float* out, ThreadPool* pool) {
@@ -175,10 +194,37 @@ void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cac
       const float* qv = q + (t * n_heads + h) * D;
       const int64_t L = pos[t] + 1;
       p.resize(L);
+      // Scores, 16 keys at a time: key i's lanes summed over d in ascending order and reduced by
+      // hsum's tree (hsum16), so p[j] = dot(qv, k_j) * scale with dot's bits. Past the last key
+      // the lanes repeat it and are not read.
       float m = -INFINITY;
-      for (int64_t j = 0; j < L; ++j) {
-        p[j] = dot(qv, k_cache + (j * n_kv + kvh) * D, D) * scale;
-        m = std::max(m, p[j]);
+      for (int64_t j0 = 0; j0 < L; j0 += kLanes) {
+        const int n = static_cast<int>(std::min<int64_t>(kLanes, L - j0));
+        const float* key[kLanes];
+        for (int i = 0; i < kLanes; ++i)
+          key[i] = k_cache + ((j0 + std::min(i, n - 1)) * n_kv + kvh) * D;
+        kern::Vec acc[kLanes];
+#pragma GCC unroll 16
+        for (int i = 0; i < kLanes; ++i) acc[i] = kern::vzero();
+        int64_t d = 0;
+        for (; d + kLanes <= D; d += kLanes) {
+          const kern::Vec qd = kern::load_x(qv, d);
+#pragma GCC unroll 16
+          for (int i = 0; i < kLanes; ++i) acc[i] = kern::fma(qd, kern::load_x(key[i], d), acc[i]);
+        }
+        if (d < D) {
+          const auto tm = kern::tail_mask(D - d);
+          const kern::Vec qd = kern::load_x_tail(qv, d, tm);
+#pragma GCC unroll 16
+          for (int i = 0; i < kLanes; ++i)
+            acc[i] = kern::fma(qd, kern::load_x_tail(key[i], d, tm), acc[i]);
+        }
+        float s[kLanes];
+        kern::hsum16(acc, s);
+        for (int i = 0; i < n; ++i) {
+          p[j0 + i] = s[i] * scale;
+          m = std::max(m, p[j0 + i]);
+        }
       }
       // p = e^(s - m), summed in the canonical 16-lane order.
       const auto mv = simd::set1(m);
@@ -189,11 +235,39 @@ void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cac
       simd::V psum = simd::set1(0.0f);
       for (int64_t j = 0; j < L; j += kLanes)
         psum = simd::add(psum, simd::load(p.data() + j, simd::mask_for(L - j)));
-      const float sum = kern::hsum(psum);
+      const auto inv = simd::set1(1.0f / kern::hsum(psum));
+      // o = (sum_j p_j v_j) / sum per block of up to 128 columns (stored once, not per key).
       float* o = out + (t * n_heads + h) * D;
-      std::fill(o, o + D, 0.0f);
-      for (int64_t j = 0; j < L; ++j) axpy(p[j], v_cache + (j * n_kv + kvh) * D, D, o);
-      scale_row(o, 1.0f / sum, D, o);
+      for (int64_t c0 = 0; c0 < D; c0 += kBlock) {
+        const BlockMasks bm(c0, D);
+        const float* v = v_cache + kvh * D + c0;
+        switch ((std::min(D - c0, kBlock) + kLanes - 1) / kLanes) {
+          case 1:
+            attend_values<1>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
+            break;
+          case 2:
+            attend_values<2>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
+            break;
+          case 3:
+            attend_values<3>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
+            break;
+          case 4:
+            attend_values<4>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
+            break;
+          case 5:
+            attend_values<5>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
+            break;
+          case 6:
+            attend_values<6>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
+            break;
+          case 7:
+            attend_values<7>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
+            break;
+          default:
+            attend_values<8>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
+            break;
+        }
+      }
     }
   };
   if (pool != nullptr && T * n_heads > 1)
