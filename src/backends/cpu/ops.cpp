@@ -1,7 +1,9 @@
 #include "backends/cpu/ops.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/gemm_kernels.h"
@@ -168,7 +170,7 @@ void rope_neox(float* x, int64_t n_heads, int64_t head_dim, int64_t rotary_dim,
 // ascending order, the block's accumulators held in registers across the keys.
 template <int NV>
 void attend_values(const float* p, int64_t L, const float* v, int64_t v_stride,
-                   const BlockMasks& bm, simd::V inv, float* o) {
+                   const BlockMasks& bm, float inv, float* o) {
   simd::V acc[NV];
 #pragma GCC unroll 8
   for (int u = 0; u < NV; ++u) acc[u] = simd::set1(0.0f);
@@ -180,8 +182,18 @@ void attend_values(const float* p, int64_t L, const float* v, int64_t v_stride,
       acc[u] = simd::fma(pj, simd::load(vr + u * kLanes, bm.m[u]), acc[u]);
   }
 #pragma GCC unroll 8
-  for (int u = 0; u < NV; ++u) simd::store(o + u * kLanes, simd::mul(acc[u], inv), bm.m[u]);
+  for (int u = 0; u < NV; ++u)
+    simd::store(o + u * kLanes, simd::mul(acc[u], simd::set1(inv)), bm.m[u]);
 }
+
+// attend_values<NV> for NV = 1 .. kBlockVecs, at NV - 1.
+using AttendValues = void (*)(const float*, int64_t, const float*, int64_t, const BlockMasks&,
+                              float, float*);
+template <size_t... I>
+constexpr std::array<AttendValues, sizeof...(I)> attend_values_table(std::index_sequence<I...>) {
+  return {attend_values<static_cast<int>(I) + 1>...};
+}
+constexpr auto kAttendValues = attend_values_table(std::make_index_sequence<kBlockVecs>());
 
 void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cache,
                const float* v_cache, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
@@ -235,38 +247,14 @@ void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cac
       simd::V psum = simd::set1(0.0f);
       for (int64_t j = 0; j < L; j += kLanes)
         psum = simd::add(psum, simd::load(p.data() + j, simd::mask_for(L - j)));
-      const auto inv = simd::set1(1.0f / kern::hsum(psum));
+      const float inv = 1.0f / kern::hsum(psum);
       // o = (sum_j p_j v_j) / sum per block of up to 128 columns (stored once, not per key).
       float* o = out + (t * n_heads + h) * D;
       for (int64_t c0 = 0; c0 < D; c0 += kBlock) {
         const BlockMasks bm(c0, D);
         const float* v = v_cache + kvh * D + c0;
-        switch ((std::min(D - c0, kBlock) + kLanes - 1) / kLanes) {
-          case 1:
-            attend_values<1>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
-            break;
-          case 2:
-            attend_values<2>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
-            break;
-          case 3:
-            attend_values<3>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
-            break;
-          case 4:
-            attend_values<4>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
-            break;
-          case 5:
-            attend_values<5>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
-            break;
-          case 6:
-            attend_values<6>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
-            break;
-          case 7:
-            attend_values<7>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
-            break;
-          default:
-            attend_values<8>(p.data(), L, v, n_kv * D, bm, inv, o + c0);
-            break;
-        }
+        const int64_t nv = (std::min(D - c0, kBlock) + kLanes - 1) / kLanes;
+        kAttendValues[nv - 1](p.data(), L, v, n_kv * D, bm, inv, o + c0);
       }
     }
   };
