@@ -404,6 +404,9 @@ TEST(Kernels, CausalConvMatchesReferenceAndSplits) {
   }
 }
 
+// The batch (6 tokens on 3 threads) runs the query heads in pairs that share their key and value
+// loads, each token alone runs them one by one: the same bits either way. Checked to fail when the
+// paired path sums the value rows in reverse key order.
 TEST(Kernels, AttentionMatchesReferenceAndIsQueryInvariant) {
   const int64_t T = 6, nh = 4, nkv = 2, D = 40, L = 20;
   const auto q = random_vector(T * nh * D, 1), k = random_vector(L * nkv * D, 2),

@@ -166,102 +166,147 @@ void rope_neox(float* x, int64_t n_heads, int64_t head_dim, int64_t rotary_dim,
   }
 }
 
-// o[c] = inv * sum_j p_j v_j[c] over the NV vectors of one column block, one fma per key in
-// ascending order, the block's accumulators held in registers across the keys.
-template <int NV>
-void attend_values(const float* p, int64_t L, const float* v, int64_t v_stride,
-                   const BlockMasks& bm, float inv, float* o) {
-  simd::V acc[NV];
+// For each of HP heads hh: o[hh][c] = inv[hh] * sum_j p[hh][j] v_j[c] over the NV vectors of one
+// column block, one fma per key in ascending order, the accumulators held in registers across
+// the keys and each value row loaded once for the HP heads.
+template <int NV, int HP>
+void attend_values(const float* const* p, int64_t L, const float* v, int64_t v_stride,
+                   const BlockMasks& bm, const float* inv, float* const* o) {
+  simd::V acc[HP][NV];
 #pragma GCC unroll 8
-  for (int u = 0; u < NV; ++u) acc[u] = simd::set1(0.0f);
+  for (int hh = 0; hh < HP; ++hh)
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) acc[hh][u] = simd::set1(0.0f);
   for (int64_t j = 0; j < L; ++j) {
-    const auto pj = simd::set1(p[j]);
     const float* vr = v + j * v_stride;
+    simd::V pj[HP];
 #pragma GCC unroll 8
-    for (int u = 0; u < NV; ++u)
-      acc[u] = simd::fma(pj, simd::load(vr + u * kLanes, bm.m[u]), acc[u]);
+    for (int hh = 0; hh < HP; ++hh) pj[hh] = simd::set1(p[hh][j]);
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) {
+      const simd::V x = simd::load(vr + u * kLanes, bm.m[u]);
+#pragma GCC unroll 8
+      for (int hh = 0; hh < HP; ++hh) acc[hh][u] = simd::fma(pj[hh], x, acc[hh][u]);
+    }
   }
 #pragma GCC unroll 8
-  for (int u = 0; u < NV; ++u)
-    simd::store(o + u * kLanes, simd::mul(acc[u], simd::set1(inv)), bm.m[u]);
+  for (int hh = 0; hh < HP; ++hh)
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u)
+      simd::store(o[hh] + u * kLanes, simd::mul(acc[hh][u], simd::set1(inv[hh])), bm.m[u]);
 }
 
-// attend_values<NV> for NV = 1 .. kBlockVecs, at NV - 1.
-using AttendValues = void (*)(const float*, int64_t, const float*, int64_t, const BlockMasks&,
-                              float, float*);
-template <size_t... I>
+// attend_values<NV, HP> for NV = 1 .. kBlockVecs, at NV - 1.
+using AttendValues = void (*)(const float* const*, int64_t, const float*, int64_t,
+                              const BlockMasks&, const float*, float* const*);
+template <int HP, size_t... I>
 constexpr std::array<AttendValues, sizeof...(I)> attend_values_table(std::index_sequence<I...>) {
-  return {attend_values<static_cast<int>(I) + 1>...};
+  return {attend_values<static_cast<int>(I) + 1, HP>...};
 }
-constexpr auto kAttendValues = attend_values_table(std::make_index_sequence<kBlockVecs>());
+template <int HP>
+constexpr auto kAttendValues = attend_values_table<HP>(std::make_index_sequence<kBlockVecs>());
+
+// Attention of token t's query heads h0 .. h0 + HP - 1 (one KV head kvh) over keys 0 .. L - 1,
+// each head's arithmetic the same whatever HP: scores, 16 / HP keys x HP heads at a time, each
+// key's lanes summed over d in ascending order and reduced by hsum's tree (hsum16), so p[j] =
+// dot(q, k_j) * scale with dot's bits (past the last key the lanes repeat it and are not read);
+// p = e^(s - max) summed in the canonical 16-lane order; then attend_values. HP > 1 loads each
+// key and value row once for HP heads.
+template <int HP>
+void attend_heads(const float* q, int64_t L, const float* k_cache, const float* v_cache,
+                  int64_t n_kv, int64_t kvh, int64_t D, float scale, float* out,
+                  std::vector<float>* pbuf) {
+  constexpr int kb = kLanes / HP;  // keys per block
+  float m[HP];
+  for (int hh = 0; hh < HP; ++hh) {
+    pbuf[hh].resize(L);
+    m[hh] = -INFINITY;
+  }
+  for (int64_t j0 = 0; j0 < L; j0 += kb) {
+    const int n = static_cast<int>(std::min<int64_t>(kb, L - j0));
+    const float* key[kb];
+    for (int i = 0; i < kb; ++i) key[i] = k_cache + ((j0 + std::min(i, n - 1)) * n_kv + kvh) * D;
+    kern::Vec acc[kLanes];  // [hh * kb + i]
+#pragma GCC unroll 16
+    for (int i = 0; i < kLanes; ++i) acc[i] = kern::vzero();
+    int64_t d = 0;
+    for (; d + kLanes <= D; d += kLanes) {
+#pragma GCC unroll 16
+      for (int i = 0; i < kb; ++i) {
+        const kern::Vec kd = kern::load_x(key[i], d);
+#pragma GCC unroll 4
+        for (int hh = 0; hh < HP; ++hh)
+          acc[hh * kb + i] = kern::fma(kern::load_x(q + hh * D, d), kd, acc[hh * kb + i]);
+      }
+    }
+    if (d < D) {
+      const auto tm = kern::tail_mask(D - d);
+#pragma GCC unroll 16
+      for (int i = 0; i < kb; ++i) {
+        const kern::Vec kd = kern::load_x_tail(key[i], d, tm);
+#pragma GCC unroll 4
+        for (int hh = 0; hh < HP; ++hh)
+          acc[hh * kb + i] = kern::fma(kern::load_x_tail(q + hh * D, d, tm), kd, acc[hh * kb + i]);
+      }
+    }
+    float s[kLanes];
+    kern::hsum16(acc, s);
+    for (int hh = 0; hh < HP; ++hh) {
+      for (int i = 0; i < n; ++i) {
+        pbuf[hh][j0 + i] = s[hh * kb + i] * scale;
+        m[hh] = std::max(m[hh], pbuf[hh][j0 + i]);
+      }
+    }
+  }
+  const float* p[HP];
+  float inv[HP];
+  float* o[HP];
+  for (int hh = 0; hh < HP; ++hh) {
+    float* ph = pbuf[hh].data();
+    const auto mv = simd::set1(m[hh]);
+    for (int64_t j = 0; j < L; j += kLanes) {
+      const auto mk = simd::mask_for(L - j);
+      simd::store(ph + j, simd::exp(simd::sub(simd::load(ph + j, mk), mv)), mk);
+    }
+    simd::V psum = simd::set1(0.0f);
+    for (int64_t j = 0; j < L; j += kLanes)
+      psum = simd::add(psum, simd::load(ph + j, simd::mask_for(L - j)));
+    p[hh] = ph;
+    inv[hh] = 1.0f / kern::hsum(psum);
+  }
+  // Blocks of up to 128 columns (stored once, not per key).
+  for (int64_t c0 = 0; c0 < D; c0 += kBlock) {
+    const BlockMasks bm(c0, D);
+    for (int hh = 0; hh < HP; ++hh) o[hh] = out + hh * D + c0;
+    const int64_t nv = (std::min(D - c0, kBlock) + kLanes - 1) / kLanes;
+    kAttendValues<HP>[nv - 1](p, L, v_cache + kvh * D + c0, n_kv * D, bm, inv, o);
+  }
+}
 
 void attention(const float* q, int64_t T, const int64_t* pos, const float* k_cache,
                const float* v_cache, int64_t n_heads, int64_t n_kv, int64_t D, float scale,
                float* out, ThreadPool* pool) {
   const int64_t group = n_heads / n_kv;
+  // Pairs of heads that share a KV head when there is work for every thread in pairs (prompts),
+  // else one head a unit (a decode row's few heads spread over the threads). Same bits either way.
+  const int threads = pool != nullptr ? pool->size() : 1;
+  const int64_t hp = group % 2 == 0 && T * n_heads >= 8 * threads ? 2 : 1;
   auto run = [&](int64_t b, int64_t e) {
-    std::vector<float> p;
-    for (int64_t th = b; th < e; ++th) {
-      const int64_t t = th / n_heads, h = th % n_heads, kvh = h / group;
-      const float* qv = q + (t * n_heads + h) * D;
-      const int64_t L = pos[t] + 1;
-      p.resize(L);
-      // Scores, 16 keys at a time: key i's lanes summed over d in ascending order and reduced by
-      // hsum's tree (hsum16), so p[j] = dot(qv, k_j) * scale with dot's bits. Past the last key
-      // the lanes repeat it and are not read.
-      float m = -INFINITY;
-      for (int64_t j0 = 0; j0 < L; j0 += kLanes) {
-        const int n = static_cast<int>(std::min<int64_t>(kLanes, L - j0));
-        const float* key[kLanes];
-        for (int i = 0; i < kLanes; ++i)
-          key[i] = k_cache + ((j0 + std::min(i, n - 1)) * n_kv + kvh) * D;
-        kern::Vec acc[kLanes];
-#pragma GCC unroll 16
-        for (int i = 0; i < kLanes; ++i) acc[i] = kern::vzero();
-        int64_t d = 0;
-        for (; d + kLanes <= D; d += kLanes) {
-          const kern::Vec qd = kern::load_x(qv, d);
-#pragma GCC unroll 16
-          for (int i = 0; i < kLanes; ++i) acc[i] = kern::fma(qd, kern::load_x(key[i], d), acc[i]);
-        }
-        if (d < D) {
-          const auto tm = kern::tail_mask(D - d);
-          const kern::Vec qd = kern::load_x_tail(qv, d, tm);
-#pragma GCC unroll 16
-          for (int i = 0; i < kLanes; ++i)
-            acc[i] = kern::fma(qd, kern::load_x_tail(key[i], d, tm), acc[i]);
-        }
-        float s[kLanes];
-        kern::hsum16(acc, s);
-        for (int i = 0; i < n; ++i) {
-          p[j0 + i] = s[i] * scale;
-          m = std::max(m, p[j0 + i]);
-        }
-      }
-      // p = e^(s - m), summed in the canonical 16-lane order.
-      const auto mv = simd::set1(m);
-      for (int64_t j = 0; j < L; j += kLanes) {
-        const auto mk = simd::mask_for(L - j);
-        simd::store(p.data() + j, simd::exp(simd::sub(simd::load(p.data() + j, mk), mv)), mk);
-      }
-      simd::V psum = simd::set1(0.0f);
-      for (int64_t j = 0; j < L; j += kLanes)
-        psum = simd::add(psum, simd::load(p.data() + j, simd::mask_for(L - j)));
-      const float inv = 1.0f / kern::hsum(psum);
-      // o = (sum_j p_j v_j) / sum per block of up to 128 columns (stored once, not per key).
-      float* o = out + (t * n_heads + h) * D;
-      for (int64_t c0 = 0; c0 < D; c0 += kBlock) {
-        const BlockMasks bm(c0, D);
-        const float* v = v_cache + kvh * D + c0;
-        const int64_t nv = (std::min(D - c0, kBlock) + kLanes - 1) / kLanes;
-        kAttendValues[nv - 1](p.data(), L, v, n_kv * D, bm, inv, o + c0);
-      }
+    std::vector<float> pbuf[2];
+    for (int64_t u = b; u < e; ++u) {
+      const int64_t th = u * hp, t = th / n_heads, h = th % n_heads, kvh = h / group;
+      const int64_t at = (t * n_heads + h) * D;
+      if (hp == 2)
+        attend_heads<2>(q + at, pos[t] + 1, k_cache, v_cache, n_kv, kvh, D, scale, out + at, pbuf);
+      else
+        attend_heads<1>(q + at, pos[t] + 1, k_cache, v_cache, n_kv, kvh, D, scale, out + at, pbuf);
     }
   };
-  if (pool != nullptr && T * n_heads > 1)
-    pool->parallel_for(T * n_heads, 1, run);
+  const int64_t units = T * n_heads / hp;
+  if (pool != nullptr && units > 1)
+    pool->parallel_for(units, 1, run);
   else
-    run(0, T * n_heads);
+    run(0, units);
 }
 
 void delta_rule_recurrent(const DeltaArgs& a, ThreadPool* pool) {
