@@ -84,9 +84,10 @@ class DraftPolicy {
   static constexpr double kMinSamples = 3, kMargin = 0.08, kDecay = 0.9;
   // The engine learns nothing from a request's first kWarmSteps decode steps: a prompt's step
   // leaves the decode weights out of the caches, and the first decode steps after it cost up to
-  // 2-3x the later ones whatever their k (tiny-next on a 2-core EPYC, 2026-12-06: 1700, 1319,
-  // 1076, 1201, then 700-870 us of CPU a plain step). Plain steps measured only there (the first
-  // sweep's) looked dear for good, and a fresh engine drafted k = 1 on prose at 0.83x of plain.
+  // 2-3x the later ones whatever their k (`tensorfold bench-engine --streams 1` prints a step's
+  // time by its place after the prompt). Plain steps measured only there (the first sweep's)
+  // looked dear for good, and a fresh engine drafted k = 1 on prose at 0.73-0.90x of plain
+  // (docs/PERFORMANCE.md, "The first decode steps after a prompt are not learned from").
   static constexpr int kWarmSteps = 4;
 
  private:
