@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/ops.h"
@@ -173,12 +174,22 @@ constexpr int kTokTile = 8;
 constexpr int64_t kTokBlocks = 16;
 constexpr int kMatRows = 4;
 constexpr int kOneRows = 1;  // matmul's rows per warp for one token of bf16 weights
+// warp_rows' `wait` when the caller has waited on the kernel before already.
+struct Waited {
+  __device__ __forceinline__ void operator()() const {}
+};
+
 // The calling warp's dots of nr weight rows wrow(q) [cols] with the nt token rows xrow(u) [cols]
 // (matmul_kernel's arithmetic), into acc[q][u] (lane sums, before the xor tree). wrow, xrow:
 // device callables int -> row pointer (rows at a stride, from tables, or from two matrices).
-template <class W, int kT, int kR, int kC, class WRow, class XRow>
+// wait(): called once, after the first kC chunks of weights are asked for and before any x is
+// read (pdl_wait: the weights' first loads then overlap the kernel before; they must not be
+// written by it).
+template <class W, int kT, int kR, int kC, class WRow, class XRow, class Wait = Waited>
 __device__ __forceinline__ void warp_rows(WRow wrow, int nr, int64_t cols, XRow xrow, int nt,
-                                          float (&acc)[kR][kT]) {
+                                          float (&acc)[kR][kT], Wait wait = {}) {
+  constexpr bool kMustWait = !std::is_same_v<Wait, Waited>;
+  bool waited = !kMustWait;
   const int lane = threadIdx.x % kWarp;
   auto load_w = [](Raw8<W>& r, const W* p) {
     if constexpr (kT > 1)
@@ -199,6 +210,7 @@ __device__ __forceinline__ void warp_rows(WRow wrow, int nr, int64_t cols, XRow 
 #pragma unroll
       for (int q = 0; q < kR; ++q)
         if (q < nr) load_w(wv[c][q], wrow(q) + k + c * kStride);
+    if (kMustWait && !waited) wait(), waited = true;
 #pragma unroll
     for (int u = 0; u < kT; ++u) {
       if (u >= nt) break;
@@ -213,6 +225,7 @@ __device__ __forceinline__ void warp_rows(WRow wrow, int nr, int64_t cols, XRow 
       }
     }
   }
+  if (kMustWait && !waited) wait();
   if constexpr (kT == 1) {
     // The last 0 .. kC-1 chunks, up to kH at a time loaded before their FMAs (same order).
     constexpr int kH = kC > 2 ? kC / 2 : 1;
@@ -262,7 +275,11 @@ template <class W, int kT, int kC, bool kTokX = false, int kR = kMatRows>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
     matmul_kernel(const W* __restrict__ w, int64_t rows, int64_t cols, const float* __restrict__ x,
                   int64_t n, float* __restrict__ y) {
-  pdl_enter();
+  // The wait comes in warp_rows, after each warp's first weight loads: blocks resident before
+  // the kernel before has finished (programmatic launch) have those bytes on the way meanwhile.
+  // H100, 2026-12-07, the 80B-A3B shape's batch-1 decode 484.0 / 483.3 -> 485.6 / 486.0 tok/s,
+  // tiny-next 5221 -> 5267 / 5275 (docs/PERFORMANCE.md, "Products load their first weights").
+  pdl_launch_next();
   const int64_t group = kTokX ? blockIdx.y : blockIdx.x, tile = kTokX ? blockIdx.x : blockIdx.y;
   const int64_t r0 = (group * (blockDim.x / kWarp) + threadIdx.x / kWarp) * kR;
   const int64_t t0 = tile * kT;
@@ -274,7 +291,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
   const W* wr = w + r0 * cols;
   const float* xt = x + t0 * cols;
   warp_rows<W, kT, kR, kC>([wr, cols](int q) { return wr + q * cols; }, nr, cols,
-                           [xt, cols](int u) { return xt + u * cols; }, nt, acc);
+                           [xt, cols](int u) { return xt + u * cols; }, nt, acc,
+                           [] { pdl_wait(); });
 #pragma unroll
   for (int q = 0; q < kR; ++q) {
 #pragma unroll
@@ -1456,7 +1474,9 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
 template <class T>
 __global__ void fill_uniform_kernel(T* __restrict__ p, int64_t n, uint64_t seed, float scale,
                                     float offset) {
-  pdl_enter();
+  // No early launch of the kernel after: it may be a product that reads its weights (these)
+  // before its wait.
+  pdl_wait();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint64_t z = mix64(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i));

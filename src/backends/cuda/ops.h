@@ -27,6 +27,8 @@ void rmsnorm_zc(const float* x, const float* w, int64_t n, int64_t dim, float ep
 // rows), one warp per row for a single token of bf16 weights; for each (row, token), lane l sums
 // k = 8 l + 256 j + i (i < 8) in order of j then i, then a xor-shuffle tree over the 32 lanes.
 // Tiles and rows per warp only decide which loads are shared, never a token's arithmetic.
+// Each warp's first weight loads are issued before the wait on the kernel before (programmatic
+// launch): w must not be written by a kernel still running on the stream (weights never are).
 void matmul(DType wtype, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n,
             float* y, cudaStream_t stream);
 
