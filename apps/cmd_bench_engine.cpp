@@ -51,6 +51,7 @@ struct Options {
   int draft_max_streams = 1;
   int draft_lookup = 0;
   bool draft_warm = false;
+  bool draft_control = false;
   std::vector<int> draft_streams = {1, 4};
   int draft_gen = 160;
   bool draft_only = false;        // skip 1 and 2
@@ -277,6 +278,17 @@ bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
                                  {"mean_accepted_length", c.mean_accepted_length()},
                                  {"same_tokens", c.same_tokens}});
       if (!o.json) std::printf("  %s\n", describe(kind, n, c).c_str());
+      if (o.draft_control) {  // the same runs with both engines plain: the ratio's spread
+        dc.control = true;
+        const DraftComparison a = compare_drafting(model, prompts, stops, dc);
+        same = same && a.same_tokens;
+        (*out)["draft_control"].push_back({{"prompt", kind},
+                                           {"streams", n},
+                                           {"first_tokens_per_s", a.plain_tokens_per_s},
+                                           {"second_tokens_per_s", a.drafted_tokens_per_s},
+                                           {"ratio", a.speedup()}});
+        if (!o.json) std::printf("  %s\n", describe(kind, n, a).c_str());
+      }
     }
   }
   if (!same) std::fprintf(stderr, "error: drafted and plain decoding gave different tokens\n");
@@ -419,6 +431,9 @@ void add_bench_engine(CLI::App& app) {
   cmd->add_flag("--draft-warm", o->draft_warm,
                 "One engine per kind for every rep (a server's steady state; default: a fresh "
                 "engine per run)");
+  cmd->add_flag("--draft-control", o->draft_control,
+                "After each drafting row, the same runs with both engines plain (the ratio's "
+                "spread when nothing differs)");
   cmd->add_option("--draft-streams", o->draft_streams, "Stream counts for the drafting comparison")
       ->capture_default_str()
       ->delimiter(',')

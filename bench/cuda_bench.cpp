@@ -16,14 +16,15 @@
 // cudaProfilerStart and Stop, for `ncu --profile-from-start off`; --draft-max-streams N, default 1:
 // EngineOptions::draft_max_streams; --draft-reps N: the engine comparison's best of N, default 3;
 // --draft-lookup N: EngineOptions::draft_lookup; --draft-warm: one engine per kind for every rep,
-// DraftCompareOptions::warm)  --step-times (after each batch's timed steps, as many again with
-// CudaModel::set_step_times on: where a step's wall time goes, printed after the table).
-// Bytes per decode step: every non-expert weight of the layers once, the lm_head once, one
-// embedding row per row, and per MoE layer the distinct routed experts of the step (k at batch 1;
-// at batch B the expected number under uniform routing, E (1 - (1 - k/E)^B)); plus per sequence
-// the Gated DeltaNet state read and written and the attention KV read (mean context of the timed
-// steps). Roofline % = (bytes per step / step time) / copy bandwidth; the copy bandwidth counts
-// the bytes read plus the bytes written of a cudaMemcpy between two 4 GiB device buffers.
+// DraftCompareOptions::warm; --draft-control: after each row the same runs with both engines
+// plain, DraftCompareOptions::control)  --step-times (after each batch's timed steps, as many again
+// with CudaModel::set_step_times on: where a step's wall time goes, printed after the table). Bytes
+// per decode step: every non-expert weight of the layers once, the lm_head once, one embedding row
+// per row, and per MoE layer the distinct routed experts of the step (k at batch 1; at batch B the
+// expected number under uniform routing, E (1 - (1 - k/E)^B)); plus per sequence the Gated DeltaNet
+// state read and written and the attention KV read (mean context of the timed steps). Roofline % =
+// (bytes per step / step time) / copy bandwidth; the copy bandwidth counts the bytes read plus the
+// bytes written of a cudaMemcpy between two 4 GiB device buffers.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -440,7 +441,7 @@ void draft_cost_table(CudaModel& m, int prompt, int iters, int profile_k, std::m
 // bench-engine --draft 3 --draft-only --draft-prompts-out FILE`). 1 if the tokens differ.
 // `base` carries the drafting flags; its streams are those of `streams` in turn.
 int draft_table(Model& model, const DraftCompareOptions& base, const std::string& file,
-                const std::vector<int>& streams) {
+                const std::vector<int>& streams, bool control) {
   if (!model.on_device())
     if (Status st = model.use_cuda(); !st.is_ok()) {
       std::fprintf(stderr, "cuda_bench: %s\n", st.to_string().c_str());
@@ -469,6 +470,12 @@ int draft_table(Model& model, const DraftCompareOptions& base, const std::string
       same = same && c.same_tokens;
       std::printf("  %s\n    the prior's cost per token: %s\n", describe(kind, n, c).c_str(),
                   describe_costs(c).c_str());
+      if (control) {  // the same runs with both engines plain: the ratio's spread
+        o.control = true;
+        const DraftComparison a =
+            compare_drafting(model, prompts.get<std::vector<std::vector<int32_t>>>(), stops, o);
+        std::printf("  %s\n", describe(kind, n, a).c_str());
+      }
       std::fflush(stdout);
     }
   }
@@ -494,6 +501,7 @@ int run(int argc, char** argv) {
   dopt.threads = 1;
   std::string draft_prompts = "bench/draft_prompts.json";
   std::vector<int> draft_streams = {1, 4};
+  bool draft_control = false;  // --draft-control: a control row (both plain) after each row
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -533,6 +541,8 @@ int run(int argc, char** argv) {
       dopt.max_streams = std::atoi(next().c_str());
     else if (a == "--draft-warm")
       dopt.warm = true;
+    else if (a == "--draft-control")
+      draft_control = true;
     else if (a == "--draft-lookup")
       dopt.lookup = std::max(0, std::atoi(next().c_str()));
     else if (a == "--draft-reps")
@@ -550,7 +560,7 @@ int run(int argc, char** argv) {
           "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
           "[--kernels] [--step-times] [--engine] [--draft K [--draft-fixed] [--draft-prompts JSON] "
           "[--draft-streams 1,4] [--draft-max-streams 1] [--draft-reps 3] [--draft-lookup N] "
-          "[--draft-warm] [--profile]]\n");
+          "[--draft-warm] [--draft-control] [--profile]]\n");
       return 2;
     }
   }
@@ -708,7 +718,7 @@ int run(int argc, char** argv) {
   }
   if (draft > 0 && host) {
     dopt.draft_max = draft;
-    return draft_table(*host, dopt, draft_prompts, draft_streams);
+    return draft_table(*host, dopt, draft_prompts, draft_streams, draft_control);
   }
   return 0;
 }

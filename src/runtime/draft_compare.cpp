@@ -100,7 +100,8 @@ DraftComparison compare_drafting(const Model& model,
   DraftComparison c;
   Run plain, drafted;
   const EngineOptions po = engine_options(o, 0, prompts.size());
-  const EngineOptions dro = engine_options(o, o.draft_max, prompts.size());
+  const EngineOptions dro = engine_options(o, o.control ? 0 : o.draft_max, prompts.size());
+  c.control = o.control;
   std::unique_ptr<Engine> warm_plain, warm_drafted;  // o.warm: one engine of each for every rep
   if (o.warm) {
     warm_plain = std::make_unique<Engine>(model, po);
@@ -134,6 +135,10 @@ DraftComparison compare_drafting(const Model& model,
 }
 
 std::string describe(const std::string& kind, int streams, const DraftComparison& c) {
+  if (c.control)
+    return fmt::format("{:<5} N={}: control, both plain: {:7.1f} and {:7.1f} tok/s ({:.2f}x){}",
+                       kind, streams, c.plain_tokens_per_s, c.drafted_tokens_per_s, c.speedup(),
+                       c.same_tokens ? "" : " (TOKENS DIFFER)");
   return fmt::format(
       "{:<5} N={}: plain {:7.1f} tok/s, drafted {:7.1f} tok/s ({:.2f}x); {} drafts in {} verify "
       "rows, {:.1f}% accepted, mean accepted length {:.2f}; {} reply tokens{}{}",

@@ -28,6 +28,9 @@ struct DraftCompareOptions {
   // carries over from the reps before); false: a fresh engine per run (every run pays for the
   // policy's first tries).
   bool warm = false;
+  // A control: the "drafted" engine plain too (draft_max 0), so that the ratio shows the
+  // measurement's own spread, with nothing different between the two kinds of run.
+  bool control = false;
 };
 
 struct DraftComparison {
@@ -35,6 +38,7 @@ struct DraftComparison {
   EngineStats stats;                                        // the best drafted run's counters
   int64_t reply_tokens = 0;                                 // tokens of the drafted run's replies
   bool same_tokens = true;  // drafted replies == plain replies, in every rep
+  bool control = false;     // DraftCompareOptions::control: both kinds of run were plain
 
   double speedup() const {
     return plain_tokens_per_s > 0 ? drafted_tokens_per_s / plain_tokens_per_s : 0;

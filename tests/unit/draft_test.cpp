@@ -32,6 +32,7 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime/draft_compare.h"
 #include "runtime/engine.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -237,6 +238,29 @@ TEST_P(DraftEngineTest, LookupDraftsEqualPlain) {
       }
     }
   }
+}
+
+// The drafting bench's control (DraftCompareOptions::control): both kinds of run plain, so no
+// draft is proposed where the same comparison without it drafts on every step (fixed K), and the
+// replies still agree. (Checked to fail with `control` ignored: drafts in the control's stats.)
+TEST_P(DraftEngineTest, DraftingBenchControlRunsPlainTwice) {
+  std::mt19937 rng(11);
+  const std::vector<std::vector<int32_t>> prompts = {prompt(rng, 20), prompt(rng, 30)};
+  DraftCompareOptions o;
+  o.draft_max = 2;
+  o.adaptive = false;
+  o.max_tokens = 12;
+  o.reps = 1;
+  o.threads = 1;
+  const DraftComparison drafted = compare_drafting(*model_, prompts, {}, o);
+  EXPECT_TRUE(drafted.same_tokens);
+  EXPECT_GT(drafted.stats.drafted_tokens, 0u);
+  o.control = true;
+  const DraftComparison control = compare_drafting(*model_, prompts, {}, o);
+  EXPECT_TRUE(control.same_tokens);
+  EXPECT_TRUE(control.control);
+  EXPECT_EQ(control.stats.drafted_tokens, 0u);
+  EXPECT_EQ(control.stats.draft_steps, 0u);
 }
 
 // The state after every decode step of a drafted request (whatever was accepted or rejected)
