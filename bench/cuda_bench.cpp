@@ -18,13 +18,14 @@
 // --draft-lookup N: EngineOptions::draft_lookup; --draft-warm: one engine per kind for every rep,
 // DraftCompareOptions::warm; --draft-control: after each row the same runs with both engines
 // plain, DraftCompareOptions::control)  --step-times (after each batch's timed steps, as many again
-// with CudaModel::set_step_times on: where a step's wall time goes, printed after the table). Bytes
-// per decode step: every non-expert weight of the layers once, the lm_head once, one embedding row
-// per row, and per MoE layer the distinct routed experts of the step (k at batch 1; at batch B the
-// expected number under uniform routing, E (1 - (1 - k/E)^B)); plus per sequence the Gated DeltaNet
-// state read and written and the attention KV read (mean context of the timed steps). Roofline % =
-// (bytes per step / step time) / copy bandwidth; the copy bandwidth counts the bytes read plus the
-// bytes written of a cudaMemcpy between two 4 GiB device buffers.
+// with CudaModel::set_step_times on: where a step's wall time goes, printed after the table).
+//
+// Bytes per decode step: every non-expert weight of the layers once, the lm_head once, one
+// embedding row per row, and per MoE layer the distinct routed experts of the step (k at batch 1;
+// at batch B the expected number under uniform routing, E (1 - (1 - k/E)^B)); plus per sequence
+// the Gated DeltaNet state read and written and the attention KV read (mean context of the timed
+// steps). Roofline % = (bytes per step / step time) / copy bandwidth; the copy bandwidth counts
+// the bytes read plus the bytes written of a cudaMemcpy between two 4 GiB device buffers.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
