@@ -113,10 +113,13 @@ double aggregate_decode(const Model& model, const Options& o, int n, std::mt1993
     if (!engine.submit(std::move(r))) return 0;
   }
   for (auto& t : tl) t->wait();
-  for (auto& t : tl) {
-    for (size_t i = 0; gaps != nullptr && i + 1 < t->tokens.size(); ++i) {
-      if (gaps->size() <= i) gaps->resize(i + 1);
-      (*gaps)[i].push_back(std::chrono::duration<double>(t->tokens[i + 1] - t->tokens[i]).count());
+  if (gaps != nullptr) {
+    for (auto& t : tl) {
+      for (size_t i = 0; i + 1 < t->tokens.size(); ++i) {
+        if (gaps->size() <= i) gaps->resize(i + 1);
+        (*gaps)[i].push_back(
+            std::chrono::duration<double>(t->tokens[i + 1] - t->tokens[i]).count());
+      }
     }
   }
   Clock::time_point begin = tl[0]->tokens.front(), end = tl[0]->tokens.back();
