@@ -49,6 +49,8 @@ EngineStats drafting_delta(const EngineStats& a, const EngineStats& b) {
   d.accepted_tokens -= a.accepted_tokens;
   d.lookup_tokens -= a.lookup_tokens;
   d.lookup_accepted -= a.lookup_accepted;
+  d.lookup_shadows -= a.lookup_shadows;
+  d.lookup_shadow_held -= a.lookup_shadow_held;
   return d;
 }
 
@@ -141,13 +143,16 @@ std::string describe(const std::string& kind, int streams, const DraftComparison
                        c.same_tokens ? "" : " (TOKENS DIFFER)");
   return fmt::format(
       "{:<5} N={}: plain {:7.1f} tok/s, drafted {:7.1f} tok/s ({:.2f}x); {} drafts in {} verify "
-      "rows, {:.1f}% accepted, mean accepted length {:.2f}; {} reply tokens{}{}",
+      "rows, {:.1f}% accepted, mean accepted length {:.2f}; {} reply tokens{}{}{}",
       kind, streams, c.plain_tokens_per_s, c.drafted_tokens_per_s, c.speedup(),
       c.stats.drafted_tokens, c.stats.draft_steps, 100 * c.acceptance(), c.mean_accepted_length(),
       c.reply_tokens,
       c.stats.lookup_tokens > 0 ? fmt::format("; {} of the drafts by prompt lookup, {} accepted",
                                               c.stats.lookup_tokens, c.stats.lookup_accepted)
                                 : std::string(),
+      c.stats.lookup_shadows > 0 ? fmt::format("; {} lookups checked unverified, {} drafts held",
+                                               c.stats.lookup_shadows, c.stats.lookup_shadow_held)
+                                 : std::string(),
       c.same_tokens ? "" : " (TOKENS DIFFER)");
 }
 

@@ -54,7 +54,7 @@ void Engine::shutdown() {
 
 std::unique_ptr<Engine::Active> Engine::make_active(GenerationRequest r) {
   auto a = std::make_unique<Active>(Active{
-      std::move(r), {}, Sampler({}), {}, false, 0, 0, -1, {}, {}, 0, 0, {}, {}, {}, {}, false, 0});
+      std::move(r), {}, Sampler({}), {}, false, 0, 0, -1, {}, {}, 0, 0, {}, {}, {}, {}, {}, false});
   a->sampler = Sampler(a->req.sampling);
   return a;
 }
@@ -213,7 +213,7 @@ void Engine::admit(const std::vector<uint64_t>& ids) {
       if (o_.draft_lookup > 0) {
         a.lookup.emplace(lookup_prior_);
         a.lookup->defer_probe();
-        a.lookup_depth = o_.draft_lookup;
+        a.lookup_hits = LookupHits(o_.draft_lookup);
         a.lookup_index.append(p);
       }
     }
@@ -364,17 +364,28 @@ int Engine::want_drafts(Active& a) {
   const int64_t limit = std::max<int64_t>(0, std::min(room - 1, ctx_room));
   if (a.lookup && limit > 0) {
     std::vector<int32_t> d =
-        a.lookup_index.drafts(static_cast<int>(std::min<int64_t>(a.lookup_depth, limit)));
+        a.lookup_index.drafts(static_cast<int>(std::min<int64_t>(a.lookup_hits.depth(), limit)));
     if (!d.empty()) {
       a.lookup_matched = true;
-      if (!o_.draft_adaptive || next_depth(&lookup_prior_, &*a.lookup) == 1) {
+      // Adaptive: verified only where this request's lookups have been seen to hold, and then as
+      // the lookup policy chooses; else checked against the reply for free (LookupHits).
+      if (!o_.draft_adaptive ||
+          (a.lookup_hits.promising() && next_depth(&lookup_prior_, &*a.lookup) == 1)) {
+        count_shadow(a.lookup_hits.close());
         a.lookup_drafts = std::move(d);
         return static_cast<int>(a.lookup_drafts.size());
       }
+      a.lookup_hits.shadow(std::move(d));
     }
   }
   const int k = o_.draft_adaptive ? next_depth(&prior_, &*a.policy) : o_.draft_max;
   return static_cast<int>(std::min<int64_t>(k, limit));
+}
+
+void Engine::count_shadow(std::optional<int> held) {
+  if (!held) return;
+  ++stats_.lookup_shadows;
+  stats_.lookup_shadow_held += *held;
 }
 
 bool Engine::cancel_pending(uint64_t id) const {
@@ -448,11 +459,7 @@ void Engine::commit_decode(StepRow& r, std::span<const float> logits) {
   if (j > 0) a.state.rollback(base + 1 + i);
   r.count = 1 + i;
   const int emitted = static_cast<int>(i) + 1;
-  if (lookup) {
-    // Deeper while every draft is accepted, back to what was accepted (+ 1) after a rejection.
-    a.lookup_depth =
-        i == j ? std::min(2 * a.lookup_depth, o_.draft_lookup) : std::max<int>(1, i + 1);
-  }
+  if (lookup) a.lookup_hits.verified(static_cast<int>(i), static_cast<int>(j));
   if (a.policy && o_.draft_adaptive && ++a.decode_steps > DraftPolicy::kWarmSteps)
     observed_.push_back(Observed{r.seq, k, emitted, lookup, a.lookup_matched});
   if (o_.on_decode_state) o_.on_decode_state(r.seq, a.state);
@@ -461,7 +468,13 @@ void Engine::commit_decode(StepRow& r, std::span<const float> logits) {
 bool Engine::take(uint64_t id, Active& a, int32_t tok, std::span<const float> logits,
                   int64_t n_past) {
   a.reply.push_back(tok);
-  if (a.lookup) a.lookup_index.append(tok);
+  if (a.lookup) {
+    a.lookup_index.append(tok);
+    if (const std::optional<int> held = a.lookup_hits.token(tok)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      count_shadow(held);
+    }
+  }
   const auto& stops = a.req.stop_tokens;
   if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
     finish(id, FinishReason::kStop, -1);

@@ -98,7 +98,8 @@ struct EngineOptions {
   // Prompt-lookup drafts (runtime/lookup.h), up to this many per step (0: off), for requests that
   // draft: where the context's last 2-4 tokens occurred before, the tokens that followed are
   // verified instead of asking the MTP head, at no drafting cost. Adaptive per request (a second
-  // DraftPolicy: lookup or not, where a lookup matches, by measured cost per token); the depth
+  // DraftPolicy: lookup or not, where a lookup matches, by measured cost per token), and tried
+  // only once the request's unverified lookups have been seen to hold (LookupHits); the depth
   // drops to what was accepted (+ 1) after a rejection and doubles back on full acceptance.
   int draft_lookup = 0;
   // For tests: called on the engine thread after each decode row's commit, with the request's id
@@ -114,6 +115,9 @@ struct EngineStats {
   uint64_t draft_steps = 0, drafted_tokens = 0, accepted_tokens = 0;
   // Of those, the prompt-lookup drafts (EngineOptions::draft_lookup) and how many were accepted.
   uint64_t lookup_tokens = 0, lookup_accepted = 0;
+  // Lookups that matched and were checked against the reply instead of verified (LookupHits),
+  // and of their drafts those that held.
+  uint64_t lookup_shadows = 0, lookup_shadow_held = 0;
   // The engine's drafting prior: seconds per emitted token with k = 0 .. draft_max MTP drafts per
   // step (DraftPolicy::cost; 0: not measured). Empty without drafting.
   std::vector<double> draft_costs;
@@ -164,13 +168,13 @@ class Engine {
     int decode_steps = 0;       // decode steps so far (DraftPolicy::kWarmSteps)
     std::vector<int32_t> feed;  // this step's decode row: [last, d_1 .. d_j]
     // Prompt lookup (EngineOptions::draft_lookup): whether to use it where it matches (arm 1) or
-    // not (arm 0), this step's lookup drafts (empty: the MTP head drafts, if any), whether a lookup
-    // matched this step, and the depth asked of the next lookup.
+    // not (arm 0), whether this request's lookups hold and the depth of the next one, this step's
+    // lookup drafts (empty: the MTP head drafts, if any), and whether a lookup matched this step.
     std::optional<DraftPolicy> lookup;
     LookupIndex lookup_index;  // prompt + reply, with lookup only
+    LookupHits lookup_hits;
     std::vector<int32_t> lookup_drafts;
     bool lookup_matched = false;
-    int lookup_depth = 0;
   };
   static std::unique_ptr<Active> make_active(GenerationRequest r);
   static TokenEvent event(const Active& a, int32_t token, std::span<const float> logits);
@@ -182,6 +186,8 @@ class Engine {
   void commit_decode(StepRow& r, std::span<const float> logits);
   bool cancel_pending(uint64_t id) const;  // cancel() was called for id since the step began
   int want_drafts(Active& a);  // k for the next decode row of a decoding request (asks its policy)
+  // A shadow lookup resolved (LookupHits; nullopt: none did): into the stats. Under mu_.
+  void count_shadow(std::optional<int> held);
   // A token sampled from `logits` after which the state holds n_past positions (as plain decoding
   // leaves it): recorded; a stop token or a limit finishes the request (false: `a` is gone), else
   // it is emitted.

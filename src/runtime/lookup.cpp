@@ -67,4 +67,46 @@ std::vector<int32_t> LookupIndex::drafts(int max_tokens) const {
   return {};
 }
 
+bool LookupHits::promising() const {
+  return (!open_.empty() && held_ >= kOpenHits) || (n_ > 0 && sum_ >= kMinMean * n_);
+}
+
+void LookupHits::shadow(std::vector<int32_t> drafts) {
+  if (!open_.empty() || drafts.empty()) return;
+  open_ = std::move(drafts);
+  held_ = 0;
+}
+
+std::optional<int> LookupHits::token(int32_t t) {
+  if (open_.empty()) return std::nullopt;
+  const int drafted = static_cast<int>(open_.size());
+  if (t == open_[held_] && ++held_ < drafted) return std::nullopt;
+  const std::optional<int> held = close();
+  learn_depth(*held, drafted);
+  return held;
+}
+
+std::optional<int> LookupHits::close() {
+  if (open_.empty()) return std::nullopt;
+  const int held = held_;
+  open_.clear();
+  held_ = 0;
+  record(held);
+  return held;
+}
+
+void LookupHits::verified(int accepted, int drafted) {
+  record(accepted);
+  learn_depth(accepted, drafted);
+}
+
+void LookupHits::learn_depth(int accepted, int drafted) {
+  depth_ = accepted == drafted ? std::min(2 * depth_, max_) : std::max(1, accepted + 1);
+}
+
+void LookupHits::record(int accepted) {
+  sum_ = kDecay * sum_ + accepted;
+  n_ = kDecay * n_ + 1;
+}
+
 }  // namespace tf

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -47,6 +48,49 @@ class LookupIndex {
   Key key(int64_t start, int n) const;
   std::vector<int32_t> toks_;
   std::unordered_map<Key, int64_t, KeyHash> latest_;  // n-gram -> its latest start with a follower
+};
+
+// Whether a sequence's prompt lookups hold, learned at no cost: a lookup that matched but is not
+// verified is a shadow, checked against the tokens that come next; a verified one counts the drafts
+// the target accepted. An engine verifies a request's lookups only once they have been seen to
+// hold (promising()), so a reply where 2-4-token matches rarely continue (prose) never pays for a
+// verify row of up to draft_lookup + 1 tokens to find that out. Before, a fresh engine's first
+// sweep verified one such row of 12 drafts on the drafting bench's prose (1 accepted), and the
+// lookup prior's probes verified more later (docs/PERFORMANCE.md, "Lookups verified only where
+// they have been seen to hold").
+class LookupHits {
+ public:
+  // A shadow that has held this many tokens so far is promising, or the decayed mean of accepted
+  // drafts per lookup (shadows and verified lookups) once it is at least kMinMean.
+  static constexpr int kOpenHits = 2;
+  static constexpr double kMinMean = 1.0, kDecay = 0.8;
+
+  LookupHits() = default;
+  explicit LookupHits(int max_depth) : max_(max_depth), depth_(max_depth) {}
+  bool promising() const;
+  // Drafts to ask of the next lookup: max_depth at first; after a lookup (shadow or verified)
+  // that held all its drafts, twice as many (up to max_depth); after one whose draft j + 1 was
+  // the first to fail, j + 1.
+  int depth() const { return depth_; }
+  // A lookup that matched and will not be verified: its drafts are checked against the tokens
+  // that follow. Ignored while a shadow is open (it resolves first).
+  void shadow(std::vector<int32_t> drafts);
+  // The next token of the sequence: resolves the open shadow at its first draft that differs or
+  // once all held. Returns the drafts that held when it resolved the shadow.
+  std::optional<int> token(int32_t t);
+  // A lookup is verified this step: the open shadow closes with what it held so far (returned, as
+  // by token(); its drafts overlap the verified ones', and the depth stays), then verified()
+  // records the verified one once the target has judged its drafts.
+  std::optional<int> close();
+  void verified(int accepted, int drafted);
+
+ private:
+  void record(int accepted);
+  void learn_depth(int accepted, int drafted);
+  int max_ = 0, depth_ = 0;
+  std::vector<int32_t> open_;  // the open shadow's drafts (empty: none)
+  int held_ = 0;               // of them, those that held so far
+  double sum_ = 0, n_ = 0;     // decayed sums of accepted drafts and of lookups
 };
 
 }  // namespace tf

@@ -54,5 +54,50 @@ TEST(Lookup, IndexEqualsTheScan) {
   }
 }
 
+// LookupHits: shadows resolve at their first draft that differs (or once all held), a lookup is
+// promising only once one held kOpenHits tokens or the mean held per lookup reaches kMinMean,
+// and the depth follows what held. (Checked to fail with promising() always true: the first
+// EXPECT_FALSE; and with token() not resolving a shadow whose drafts all held: the depth 8.)
+TEST(Lookup, HitsPromisingOnlyOnceLookupsHeld) {
+  LookupHits h(8);
+  EXPECT_FALSE(h.promising());  // nothing seen yet: never verify blind
+  EXPECT_EQ(h.depth(), 8);
+  h.shadow(V{1, 2, 3, 4});
+  h.shadow(V{9, 9});  // one open at a time: ignored
+  EXPECT_EQ(h.token(1), std::nullopt);
+  EXPECT_FALSE(h.promising());  // one token held, kOpenHits = 2
+  EXPECT_EQ(h.token(5), 1);     // resolved at the second draft
+  EXPECT_TRUE(h.promising());   // one lookup, one draft held: a mean of 1 >= kMinMean
+  EXPECT_EQ(h.depth(), 2);      // draft 2 was the first to fail
+  // Prose-like: shadows that hold nothing pull the mean under kMinMean.
+  for (int i = 0; i < 3; ++i) {
+    h.shadow(V{7, 7});
+    EXPECT_EQ(h.token(6), 0);
+  }
+  EXPECT_FALSE(h.promising());
+  EXPECT_EQ(h.depth(), 1);
+  // Copy-like: a shadow that holds two tokens is promising while still open.
+  h.shadow(V{4});
+  EXPECT_EQ(h.token(4), 1);  // all held: resolved, depth doubles
+  EXPECT_EQ(h.depth(), 2);
+  h.shadow(V{1, 2});
+  EXPECT_EQ(h.token(1), std::nullopt);
+  EXPECT_EQ(h.token(2), 2);  // all held
+  EXPECT_EQ(h.depth(), 4);
+  EXPECT_FALSE(h.promising());  // decayed mean 0.85 of the six
+  h.shadow(V{3, 4, 5, 6});
+  EXPECT_EQ(h.token(3), std::nullopt);
+  EXPECT_EQ(h.token(4), std::nullopt);
+  EXPECT_TRUE(h.promising());  // held 2, still open
+  EXPECT_EQ(h.close(), 2);     // verified instead: what held so far counts, the depth stays
+  EXPECT_EQ(h.depth(), 4);
+  EXPECT_EQ(h.close(), std::nullopt);
+  h.verified(4, 4);
+  EXPECT_TRUE(h.promising());
+  EXPECT_EQ(h.depth(), 8);
+  h.verified(0, 8);
+  EXPECT_EQ(h.depth(), 1);
+}
+
 }  // namespace
 }  // namespace tf
