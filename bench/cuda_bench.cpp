@@ -475,6 +475,7 @@ int draft_table(Model& model, const DraftCompareOptions& base, const std::string
         o.control = true;
         const DraftComparison a =
             compare_drafting(model, prompts.get<std::vector<std::vector<int32_t>>>(), stops, o);
+        same = same && a.same_tokens;
         std::printf("  %s\n", describe(kind, n, a).c_str());
       }
       std::fflush(stdout);
