@@ -52,10 +52,10 @@ struct DraftStats {
 // over the steps that used it), so that drafting is used only where it pays on this machine, for
 // this text (acceptance varies along a reply: a copied passage, then free prose). At the start
 // k = 0, 1, ... are tried once each in order while drafting looks cheaper than plain (on prose
-// the sweep stops after k = 1: the deeper k cost more per step and are left to the probes); one
-// that looks cheaper than the current choice is tried until it has
-// kMinSamples steps, and replaces it only if cheaper by kMargin. Every `probe_every` steps the
-// least recently used other k is tried again, so a change is noticed; the probe's step replaces
+// the sweep stops after k = 1: the deeper k cost more per step); one that looks cheaper than the
+// current choice is tried until it has kMinSamples steps, and replaces it only if cheaper by
+// kMargin. Every `probe_every` steps the least recently used other k up to one deeper than the
+// choice is tried again, so a change is noticed (on prose only k = 1); the probe's step replaces
 // what was known of that k (measured long ago: a cold start's first steps, other text, other load),
 // and a probe that confirms the choice doubles the interval (up to 8x), one that changes it resets
 // it. It steers speed only: the tokens are the same for any k.

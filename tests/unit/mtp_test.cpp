@@ -286,7 +286,8 @@ TEST(MtpPolicy, PicksTheCheapestKAndProbes) {
   run(60);
   EXPECT_GE(std::count(picks.end() - 20, picks.end(), 0), 18);
   EXPECT_LT(p.cost(0), p.cost(1));
-  EXPECT_LT(p.cost(0), p.cost(2));
+  // k = 2 is not probed again while k = 1 does not pay: its old cost stays, and is not used.
+  EXPECT_EQ(std::count(picks.end() - 40, picks.end(), 2), 0);
   // One lucky step of k = 1 (a long accepted draft) does not make it the choice.
   DraftPolicy q(1, 1000);
   q.observe(q.next(), 1, 1.0);
@@ -298,19 +299,33 @@ TEST(MtpPolicy, PicksTheCheapestKAndProbes) {
 }
 
 // A cold start on prose (k = 1 costs more per token than plain): the first sweep stops there
-// instead of also paying for k = 2 and 3; the probes reach them later. Checked to fail with the
-// sweep over every k (it returns 2 at the third step).
-TEST(MtpPolicy, FirstSweepStopsWhereDraftingDoesNotPay) {
+// instead of also paying for k = 2 and 3, and the probes try only k = 1 (a deeper k costs more per
+// step and is accepted less often). Once k = 1 pays (the text turned to a copy), the policy goes
+// deeper one k at a time. Checked to fail with the sweep over every k (it returns 2 at the third
+// step), and with probes over every k (k = 2 at step 4, k = 3 later).
+TEST(MtpPolicy, FirstSweepAndProbesStopWhereDraftingDoesNotPay) {
   DraftPolicy p(3, 4);
-  const double cost[] = {1.0, 1.3, 1.6, 1.9};  // seconds per token
+  double cost[] = {1.0, 1.3, 1.6, 1.9};  // seconds per token
   std::vector<int> picks;
-  for (int i = 0; i < 8; ++i) {
-    const int k = p.next();
-    picks.push_back(k);
-    p.observe(k, 1, cost[k]);
-  }
-  EXPECT_EQ(picks, (std::vector<int>{0, 1, 0, 0, 2, 0, 0, 0})) << "a probe of k = 2 at step 4";
-  // On a copy (k = 1 cheaper than plain) the sweep goes on to the deeper k.
+  auto run = [&](int steps, bool copy) {
+    picks.clear();
+    for (int i = 0; i < steps; ++i) {
+      const int k = p.next();
+      picks.push_back(k);
+      const int emitted = copy ? k + 1 : 1;
+      p.observe(k, emitted, cost[k] * emitted);
+    }
+  };
+  run(8, false);
+  EXPECT_EQ(picks, (std::vector<int>{0, 1, 0, 0, 1, 0, 0, 0})) << "a probe of k = 1 at step 4";
+  run(200, false);
+  EXPECT_GE(std::count(picks.begin(), picks.end(), 1), 3) << "k = 1 still probed";
+  EXPECT_EQ(std::count_if(picks.begin(), picks.end(), [](int k) { return k >= 2; }), 0);
+  // A copy: every k cheaper per token than plain, the deepest cheapest.
+  cost[1] = 0.7, cost[2] = 0.5, cost[3] = 0.4;
+  run(200, true);
+  EXPECT_GE(std::count(picks.end() - 20, picks.end(), 3), 18) << "climbed to k = 3";
+  // On a copy from the start the sweep goes on to the deeper k.
   DraftPolicy c(3, 100);
   for (int k = 0; k <= 3; ++k) {
     ASSERT_EQ(c.next(), k);
