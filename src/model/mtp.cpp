@@ -81,16 +81,23 @@ int DraftPolicy::probe() {
 
 void DraftPolicy::observe(int k, int emitted, double seconds) {
   const int before = best();
+  const bool probed = k == probing_, swept = n_[k] == 0;  // swept: the first sweep's step of k
   last_[k] = steps_++;
-  const double keep = k == probing_ ? 0.0 : kDecay;  // a probe replaces the old measurement
+  const double keep = probed ? 0.0 : kDecay;  // a probe replaces the old measurement
   time_[k] = keep * time_[k] + seconds;
   tokens_[k] = keep * tokens_[k] + std::max(emitted, 1);
   n_[k] = keep * n_[k] + 1;
-  if (k == probing_) {
-    probing_ = -1;
-    probe_every_ = best() == before ? std::min(2 * probe_every_, 8 * probe_base_) : probe_base_;
-    next_probe_ = steps_ + probe_every_;
+  if (!probed && !swept) return;
+  if (probed) probing_ = -1;
+  const int b = best();
+  if (k != b && n_[b] > 0 && cost(k) >= kFar * cost(b)) {
+    probe_every_ = 8 * probe_base_;
+  } else if (probed) {
+    probe_every_ = b == before ? std::min(2 * probe_every_, 8 * probe_base_) : probe_base_;
+  } else {
+    return;  // a sweep's step that is not far dearer leaves the probes' schedule as it was
   }
+  next_probe_ = steps_ + probe_every_;
 }
 
 int next_depth(DraftPolicy* prior, DraftPolicy* own) {

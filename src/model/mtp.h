@@ -58,7 +58,8 @@ struct DraftStats {
 // choice is tried again, so a change is noticed (on prose only k = 1); the probe's step replaces
 // what was known of that k (measured long ago: a cold start's first steps, other text, other load),
 // and a probe that confirms the choice doubles the interval (up to 8x), one that changes it resets
-// it. It steers speed only: the tokens are the same for any k.
+// it. A k measured (probed, or swept) at kFar times the choice's cost per token or more is probed
+// again only at the longest interval. It steers speed only: the tokens are the same for any k.
 class DraftPolicy {
  public:
   explicit DraftPolicy(int k_max, int probe_every = 32);
@@ -82,6 +83,14 @@ class DraftPolicy {
   // it (on the H200, tiny-next prose at one stream: k = 1 measured 2.6% cheaper per token, the
   // replies came 3% slower), so only a clear gain switches drafting on.
   static constexpr double kMinSamples = 3, kMargin = 0.08, kDecay = 0.9;
+  // kFar 1.5: for such a k to pay, its tokens per step would have to rise by half (k = 1 on prose:
+  // from 1.3 to 2, every draft accepted), which the text rarely does within a probe interval; a
+  // reply that turns to a copy is noticed by the prompt lookups at no cost (LookupHits). On prose a
+  // fresh engine measures k = 1 at about 2x plain per token (tiny-next on an H100: 407 against
+  // 210 us; on the CPU about 2.7x: the head's pass, the prompt's pending head rows and a verify row
+  // of 2 tokens, for 1.3 tokens), so its probes came every 32, 64, 128 steps for nothing
+  // (docs/PERFORMANCE.md, "Probes only where drafting might pay").
+  static constexpr double kFar = 1.5;
   // The engine learns nothing from a request's first kWarmSteps decode steps: a prompt's step
   // leaves the decode weights out of the caches, and the first decode steps after it cost up to
   // 2-3x the later ones whatever their k (`tensorfold bench-engine --streams 1` prints a step's

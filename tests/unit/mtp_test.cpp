@@ -333,12 +333,34 @@ TEST(MtpPolicy, FirstSweepAndProbesStopWhereDraftingDoesNotPay) {
   }
 }
 
+// A k found far dearer than the choice (kFar) is probed again only at the longest interval, from
+// its first sweep on; one a little dearer is probed at intervals that double from probe_every.
+// Checked to fail without the kFar rule (k = 1 at steps 1, 4, 13 and 30 of 40: the intervals
+// doubling from 4).
+TEST(MtpPolicy, AFarDearerKIsProbedRarely) {
+  auto picks_of = [](double k1_cost) {
+    DraftPolicy p(1, 4);
+    std::vector<int> at;  // steps that drafted
+    for (int i = 0; i < 40; ++i) {
+      const int k = p.next();
+      if (k == 1) at.push_back(i);
+      p.observe(k, 1, k == 0 ? 1.0 : k1_cost);
+    }
+    return at;
+  };
+  EXPECT_EQ(picks_of(2.0), (std::vector<int>{1, 34})) << "the sweep, then one probe 32 steps on";
+  const std::vector<int> near = picks_of(1.2);
+  EXPECT_EQ(near.front(), 1);
+  EXPECT_GE(near.size(), 4u) << "probes at 4, 8, 16 and 32 steps' intervals";
+}
+
 // A request's policy starts as a copy of the engine's prior, which only observes (so a probe is
 // always due in it): after defer_probe the copy keeps to the best k for probe_every steps.
 // Checked to fail without the defer_probe call (the copy probes at its first step).
 TEST(MtpPolicy, CopiesOfThePriorDoNotProbeAtOnce) {
   DraftPolicy prior(2, 8);
-  for (int i = 0; i < 60; ++i) prior.observe(i % 3, 1, i % 3 == 0 ? 1.0 : 2.0);  // k = 0 cheapest
+  // k = 0 cheapest; the others not kFar dearer (else the next probe is 8 intervals away).
+  for (int i = 0; i < 60; ++i) prior.observe(i % 3, 1, i % 3 == 0 ? 1.0 : 1.2);
   DraftPolicy req = prior;
   req.defer_probe();
   for (int i = 0; i < 8; ++i) {
