@@ -90,7 +90,9 @@ void DraftPolicy::observe(int k, int emitted, double seconds) {
   if (!probed && !swept) return;
   if (probed) probing_ = -1;
   const int b = best();
-  if (k != b && n_[b] > 0 && cost(k) >= kFar * cost(b)) {
+  // Only a deeper k: a plain step measured dear while drafting pays is re-checked at the usual
+  // intervals, so that a noisy or stale measurement of plain does not keep a request drafting.
+  if (k > b && n_[b] > 0 && cost(k) >= kFar * cost(b)) {
     probe_every_ = 8 * probe_base_;
   } else if (probed) {
     probe_every_ = b == before ? std::min(2 * probe_every_, 8 * probe_base_) : probe_base_;

@@ -58,8 +58,9 @@ struct DraftStats {
 // choice is tried again, so a change is noticed (on prose only k = 1); the probe's step replaces
 // what was known of that k (measured long ago: a cold start's first steps, other text, other load),
 // and a probe that confirms the choice doubles the interval (up to 8x), one that changes it resets
-// it. A k measured (probed, or swept) at kFar times the choice's cost per token or more is probed
-// again only at the longest interval. It steers speed only: the tokens are the same for any k.
+// it. A k deeper than the choice measured (probed, or swept) at kFar times its cost per token or
+// more is probed again only at the longest interval. It steers speed only: the tokens are the same
+// for any k.
 class DraftPolicy {
  public:
   explicit DraftPolicy(int k_max, int probe_every = 32);

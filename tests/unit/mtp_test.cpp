@@ -333,8 +333,8 @@ TEST(MtpPolicy, FirstSweepAndProbesStopWhereDraftingDoesNotPay) {
   }
 }
 
-// A k found far dearer than the choice (kFar) is probed again only at the longest interval, from
-// its first sweep on; one a little dearer is probed at intervals that double from probe_every.
+// A k deeper than the choice and far dearer (kFar) is probed again only at the longest interval,
+// from its first sweep on; one a little dearer is probed at intervals that double from probe_every.
 // Checked to fail without the kFar rule (k = 1 at steps 1, 4, 13 and 30 of 40: the intervals
 // doubling from 4).
 TEST(MtpPolicy, AFarDearerKIsProbedRarely) {
@@ -352,6 +352,16 @@ TEST(MtpPolicy, AFarDearerKIsProbedRarely) {
   const std::vector<int> near = picks_of(1.2);
   EXPECT_EQ(near.front(), 1);
   EXPECT_GE(near.size(), 4u) << "probes at 4, 8, 16 and 32 steps' intervals";
+  // Not a shallower k: while k = 1 pays (0.5 s per token), plain steps (2 s) are probed at the
+  // doubling intervals all the same. Checked to fail with the rule for any k (3 plain steps).
+  DraftPolicy d(1, 4);
+  int plain = 0;
+  for (int i = 0; i < 60; ++i) {
+    const int k = d.next();
+    plain += k == 0;
+    d.observe(k, k + 1, k == 0 ? 2.0 : 1.0);
+  }
+  EXPECT_GE(plain, 4) << "the sweep and probes 4, 8 and 16 steps apart";
 }
 
 // A request's policy starts as a copy of the engine's prior, which only observes (so a probe is
