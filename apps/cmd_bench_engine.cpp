@@ -272,6 +272,9 @@ bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
                                  {"plain_tokens_per_s", c.plain_tokens_per_s},
                                  {"drafted_tokens_per_s", c.drafted_tokens_per_s},
                                  {"speedup", c.speedup()},
+                                 {"plain_decode_tokens_per_s", c.plain_decode_tokens_per_s},
+                                 {"drafted_decode_tokens_per_s", c.drafted_decode_tokens_per_s},
+                                 {"decode_speedup", c.decode_speedup()},
                                  {"draft_steps", c.stats.draft_steps},
                                  {"drafted", c.stats.drafted_tokens},
                                  {"accepted", c.stats.accepted_tokens},
@@ -289,7 +292,8 @@ bool draft_bench(const Model& model, const Options& o, nlohmann::json* out) {
                                            {"streams", n},
                                            {"first_tokens_per_s", a.plain_tokens_per_s},
                                            {"second_tokens_per_s", a.drafted_tokens_per_s},
-                                           {"ratio", a.speedup()}});
+                                           {"ratio", a.speedup()},
+                                           {"decode_ratio", a.decode_speedup()}});
         if (!o.json) std::printf("  %s\n", describe(kind, n, a).c_str());
       }
     }

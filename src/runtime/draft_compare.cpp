@@ -17,12 +17,13 @@ struct Reply {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<int32_t> ids;
-  Clock::time_point last;
+  Clock::time_point first, last;  // when the first and the last token arrived
   bool done = false;
 };
 
 struct Run {
   double tokens_per_s = 0;
+  double decode_tokens_per_s = 0;  // per stream, after the first token (see DraftComparison)
   std::vector<std::vector<int32_t>> replies;
   EngineStats stats;
 };
@@ -71,7 +72,11 @@ Run run_once(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
     Reply* rp = replies.back().get();
     r.on_event = [rp](const TokenEvent& e) {
       std::lock_guard<std::mutex> lock(rp->mu);
-      if (e.token >= 0) rp->ids.push_back(e.token), rp->last = Clock::now();
+      if (e.token >= 0) {
+        rp->last = Clock::now();
+        if (rp->ids.empty()) rp->first = rp->last;
+        rp->ids.push_back(e.token);
+      }
       rp->done = rp->done || e.done;
       rp->cv.notify_all();
     };
@@ -82,15 +87,21 @@ Run run_once(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
     rp->cv.wait(lock, [&] { return rp->done; });
   }
   res.stats = drafting_delta(before, engine.stats());
-  int64_t count = 0;
+  int64_t count = 0, decoded = 0;
+  double decode_s = 0;
   Clock::time_point end = t0;
   for (auto& rp : replies) {
     count += static_cast<int64_t>(rp->ids.size());
-    if (!rp->ids.empty()) end = std::max(end, rp->last);
+    if (!rp->ids.empty()) {
+      end = std::max(end, rp->last);
+      decoded += static_cast<int64_t>(rp->ids.size()) - 1;
+      decode_s += std::chrono::duration<double>(rp->last - rp->first).count();
+    }
     res.replies.push_back(rp->ids);
   }
   const double s = std::chrono::duration<double>(end - t0).count();
   res.tokens_per_s = s > 0 ? static_cast<double>(count) / s : 0;
+  res.decode_tokens_per_s = decode_s > 0 ? static_cast<double>(decoded) / decode_s : 0;
   return res;
 }
 
@@ -101,6 +112,7 @@ DraftComparison compare_drafting(const Model& model,
                                  const std::vector<int32_t>& stops, const DraftCompareOptions& o) {
   DraftComparison c;
   Run plain, drafted;
+  double plain_decode = 0, drafted_decode = 0;  // the best of the reps
   const EngineOptions po = engine_options(o, 0, prompts.size());
   const EngineOptions dro = engine_options(o, o.control ? 0 : o.draft_max, prompts.size());
   c.control = o.control;
@@ -126,11 +138,15 @@ DraftComparison compare_drafting(const Model& model,
       p = run(warm_plain.get(), po);
     }
     c.same_tokens = c.same_tokens && p.replies == d.replies;
+    plain_decode = std::max(plain_decode, p.decode_tokens_per_s);
+    drafted_decode = std::max(drafted_decode, d.decode_tokens_per_s);
     if (p.tokens_per_s > plain.tokens_per_s) plain = std::move(p);
     if (d.tokens_per_s > drafted.tokens_per_s) drafted = std::move(d);
   }
   c.plain_tokens_per_s = plain.tokens_per_s;
   c.drafted_tokens_per_s = drafted.tokens_per_s;
+  c.plain_decode_tokens_per_s = plain_decode;
+  c.drafted_decode_tokens_per_s = drafted_decode;
   c.stats = drafted.stats;
   for (const auto& r : drafted.replies) c.reply_tokens += static_cast<int64_t>(r.size());
   return c;
@@ -138,13 +154,17 @@ DraftComparison compare_drafting(const Model& model,
 
 std::string describe(const std::string& kind, int streams, const DraftComparison& c) {
   if (c.control)
-    return fmt::format("{:<5} N={}: control, both plain: {:7.1f} and {:7.1f} tok/s ({:.2f}x){}",
-                       kind, streams, c.plain_tokens_per_s, c.drafted_tokens_per_s, c.speedup(),
-                       c.same_tokens ? "" : " (TOKENS DIFFER)");
+    return fmt::format(
+        "{:<5} N={}: control, both plain: {:7.1f} and {:7.1f} tok/s ({:.2f}x); decoding {:.2f}x{}",
+        kind, streams, c.plain_tokens_per_s, c.drafted_tokens_per_s, c.speedup(),
+        c.decode_speedup(), c.same_tokens ? "" : " (TOKENS DIFFER)");
   return fmt::format(
-      "{:<5} N={}: plain {:7.1f} tok/s, drafted {:7.1f} tok/s ({:.2f}x); {} drafts in {} verify "
-      "rows, {:.1f}% accepted, mean accepted length {:.2f}; {} reply tokens{}{}{}",
+      "{:<5} N={}: plain {:7.1f} tok/s, drafted {:7.1f} tok/s ({:.2f}x); decoding {:.1f} and "
+      "{:.1f} "
+      "tok/s per stream ({:.2f}x); {} drafts in {} verify rows, {:.1f}% accepted, mean accepted "
+      "length {:.2f}; {} reply tokens{}{}{}",
       kind, streams, c.plain_tokens_per_s, c.drafted_tokens_per_s, c.speedup(),
+      c.plain_decode_tokens_per_s, c.drafted_decode_tokens_per_s, c.decode_speedup(),
       c.stats.drafted_tokens, c.stats.draft_steps, 100 * c.acceptance(), c.mean_accepted_length(),
       c.reply_tokens,
       c.stats.lookup_tokens > 0 ? fmt::format("; {} of the drafts by prompt lookup, {} accepted",

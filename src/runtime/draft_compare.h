@@ -35,13 +35,22 @@ struct DraftCompareOptions {
 
 struct DraftComparison {
   double plain_tokens_per_s = 0, drafted_tokens_per_s = 0;  // generated / wall time, best run
-  EngineStats stats;                                        // the best drafted run's counters
-  int64_t reply_tokens = 0;                                 // tokens of the drafted run's replies
-  bool same_tokens = true;  // drafted replies == plain replies, in every rep
-  bool control = false;     // DraftCompareOptions::control: both kinds of run were plain
+  // Decoding alone, per stream: the tokens after each reply's first over the time from its first
+  // token to its last, summed over the replies (llama.cpp's "eval" rate against its "prompt eval";
+  // the prompts' prefill, the same work either way, left out). With N > 1 a stream's decode
+  // steps share the batch with the others' prefill. The best of the reps.
+  double plain_decode_tokens_per_s = 0, drafted_decode_tokens_per_s = 0;
+  EngineStats stats;         // the best drafted run's counters
+  int64_t reply_tokens = 0;  // tokens of the drafted run's replies
+  bool same_tokens = true;   // drafted replies == plain replies, in every rep
+  bool control = false;      // DraftCompareOptions::control: both kinds of run were plain
 
   double speedup() const {
     return plain_tokens_per_s > 0 ? drafted_tokens_per_s / plain_tokens_per_s : 0;
+  }
+  double decode_speedup() const {
+    return plain_decode_tokens_per_s > 0 ? drafted_decode_tokens_per_s / plain_decode_tokens_per_s
+                                         : 0;
   }
   double acceptance() const {
     return stats.drafted_tokens ? double(stats.accepted_tokens) / double(stats.drafted_tokens) : 0;
@@ -54,7 +63,7 @@ struct DraftComparison {
 // Runs `prompts` o.reps times plain and drafted (alternating, and which goes first alternates by
 // rep), each run on a fresh engine (or, with o.warm, on one engine of each kind) with the
 // kept-state pool off. tokens/s = tokens generated / wall time from the first submit to the last
-// reply's last token (prefill included, the same work either way).
+// reply's last token (prefill included, the same work either way), and decoding alone.
 DraftComparison compare_drafting(const Model& model,
                                  const std::vector<std::vector<int32_t>>& prompts,
                                  const std::vector<int32_t>& stops, const DraftCompareOptions& o);
