@@ -99,6 +99,8 @@ BENCHMARK(BM_Gemm)
     ->ArgsProduct({{2048}, {4096}, {128}, {0, 1}, {0, 1}})
     ->ArgsProduct({{512}, {2048}, {20}, {0, 1}, {0, 1}})
     ->ArgsProduct({{2048}, {512}, {20}, {0, 1}, {0, 1}})
+    // tiny-next's lm_head on one thread, the weights in cache: a verify row of n tokens.
+    ->ArgsProduct({{6144}, {320}, {1, 2, 4, 13}, {1}, {0}})
     ->UseRealTime();
 
 // The fused MoE op with bench-mid's layer: 64 experts of [512, 2048], top 10, a shared expert.
