@@ -159,10 +159,10 @@ std::string describe(const std::string& kind, int streams, const DraftComparison
         kind, streams, c.plain_tokens_per_s, c.drafted_tokens_per_s, c.speedup(),
         c.decode_speedup(), c.same_tokens ? "" : " (TOKENS DIFFER)");
   return fmt::format(
-      "{:<5} N={}: plain {:7.1f} tok/s, drafted {:7.1f} tok/s ({:.2f}x); decoding {:.1f} and "
-      "{:.1f} "
-      "tok/s per stream ({:.2f}x); {} drafts in {} verify rows, {:.1f}% accepted, mean accepted "
-      "length {:.2f}; {} reply tokens{}{}{}",
+      "{:<5} N={}: plain {:7.1f} tok/s, drafted {:7.1f} tok/s ({:.2f}x); "
+      "decoding {:.1f} and {:.1f} tok/s per stream ({:.2f}x); "
+      "{} drafts in {} verify rows, {:.1f}% accepted, mean accepted length {:.2f}; "
+      "{} reply tokens{}{}{}",
       kind, streams, c.plain_tokens_per_s, c.drafted_tokens_per_s, c.speedup(),
       c.plain_decode_tokens_per_s, c.drafted_decode_tokens_per_s, c.decode_speedup(),
       c.stats.drafted_tokens, c.stats.draft_steps, 100 * c.acceptance(), c.mean_accepted_length(),
