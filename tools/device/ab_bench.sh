@@ -31,9 +31,10 @@ if [ "${TESTS:-1}" != 0 ]; then
 fi
 # The decode table's rows, "decode | 1 | 461.1 ...".
 rows() { grep -E '\| (decode|prefill 512 tokens) \| [0-9]+ \|' "$1" | cut -d'|' -f2,3,4 | tr -s ' ' | tr '\n' ' '; }
-# The drafting lines ("  copy  N=1: plain ... (2.69x); 506 drafts in 49 verify rows, ..."), as
-# "copy/1 2.69x 506/49".
-ratios() { sed -nE 's/^ +([a-z]+) +N=([0-9]+):.*\(([0-9.]+x)\); ([0-9]+) drafts in ([0-9]+) verify.*/\1\/\2 \3 \4\/\5/p' "$1" |
+# The drafting lines ("  copy  N=1: plain ... (2.69x); decoding ... tok/s per stream (2.90x); 506
+# drafts in 49 verify rows, ..."; builds before f92808b print no "decoding" part), as
+# "copy/1 2.69x dec:2.90x 506/49".
+ratios() { sed -nE 's/^ +([a-z]+) +N=([0-9]+):[^(]*\(([0-9.]+x)\);( decoding [^(]*\(([0-9.]+x)\);)? ([0-9]+) drafts in ([0-9]+) verify.*/\1\/\2 \3 dec:\5 \6\/\7/p' "$1" |
   tr '\n' ' '; }
 for r in $(seq 1 "$reps"); do
   modes=plain
