@@ -14,6 +14,8 @@
 #              --draft-streams 1,2,4,8 [--draft-warm]`; prints drafted / plain and drafts in
 #              verify rows per prompt kind and stream count
 #   TESTS=0 skips cuda_tests (when an earlier call on the same machine ran them).
+#   CONTROL=1 (with WHAT=draft) adds --draft-control: after each drafting row, the same runs with
+#   both engines plain, printed as "control: copy/1 1.00x ...".
 # The tables land in $OUT.
 set -uo pipefail
 run=${1:?usage: ab_bench.sh RUN_DIR OLD NEW [REPS]}
@@ -36,6 +38,9 @@ rows() { grep -E '\| (decode|prefill 512 tokens) \| [0-9]+ \|' "$1" | cut -d'|' 
 # "copy/1 2.69x dec:2.90x 506/49".
 ratios() { sed -nE 's/^ +([a-z]+) +N=([0-9]+):[^(]*\(([0-9.]+x)\);( decoding [^(]*\(([0-9.]+x)\);)? ([0-9]+) drafts in ([0-9]+) verify.*/\1\/\2 \3 dec:\5 \6\/\7/p' "$1" |
   tr '\n' ' '; }
+# The control lines ("  copy  N=1: control, both plain: ... (1.00x); decoding 0.99x"), as
+# "copy/1 1.00x".
+controls() { sed -nE 's/^ +([a-z]+) +N=([0-9]+): control[^(]*\(([0-9.]+x)\).*/\1\/\2 \3/p' "$1" | tr '\n' ' '; }
 for r in $(seq 1 "$reps"); do
   modes=plain
   [ "${WHAT:-}" = draft ] && modes="cold warm"
@@ -53,9 +58,11 @@ for r in $(seq 1 "$reps"); do
       flag=
       [ "$mode" = warm ] && flag=--draft-warm
       f="$out/draft_${mode}_${v}_$r.md"
-      timeout 120 "$bin" --model models/tiny-next --batches 1 --prefill 0 --draft 3 --draft-reps 5 \
+      [ "${CONTROL:-0}" = 1 ] && flag="$flag --draft-control"
+      timeout 150 "$bin" --model models/tiny-next --batches 1 --prefill 0 --draft 3 --draft-reps 5 \
         --draft-lookup 12 --draft-streams 1,2,4,8 $flag >"$f" 2>&1
       echo "$v $mode round $r (exit $?): $(ratios "$f")"
+      [ "${CONTROL:-0}" = 1 ] && echo "  control: $(controls "$f")"
     done
   done
 done
