@@ -52,6 +52,9 @@ EngineStats drafting_delta(const EngineStats& a, const EngineStats& b) {
   d.lookup_accepted -= a.lookup_accepted;
   d.lookup_shadows -= a.lookup_shadows;
   d.lookup_shadow_held -= a.lookup_shadow_held;
+  d.steps -= a.steps;
+  d.step_seconds -= a.step_seconds;
+  d.model_seconds -= a.model_seconds;
   return d;
 }
 
@@ -148,25 +151,38 @@ DraftComparison compare_drafting(const Model& model,
   c.plain_decode_tokens_per_s = plain_decode;
   c.drafted_decode_tokens_per_s = drafted_decode;
   c.stats = drafted.stats;
+  c.plain_stats = plain.stats;
   for (const auto& r : drafted.replies) c.reply_tokens += static_cast<int64_t>(r.size());
   return c;
 }
 
+namespace {
+// "host 31.2 + model 190.4 us": a run's mean step, outside and inside the model.
+std::string step_split(const EngineStats& s) {
+  if (s.steps == 0) return "no step";
+  const double n = static_cast<double>(s.steps);
+  return fmt::format("host {:.1f} + model {:.1f} us", 1e6 * (s.step_seconds - s.model_seconds) / n,
+                     1e6 * s.model_seconds / n);
+}
+}  // namespace
+
 std::string describe(const std::string& kind, int streams, const DraftComparison& c) {
   if (c.control)
     return fmt::format(
-        "{:<5} N={}: control, both plain: {:7.1f} and {:7.1f} tok/s ({:.2f}x); decoding {:.2f}x{}",
+        "{:<5} N={}: control, both plain: {:7.1f} and {:7.1f} tok/s ({:.2f}x); decoding {:.2f}x; "
+        "a step: {} and {}{}",
         kind, streams, c.plain_tokens_per_s, c.drafted_tokens_per_s, c.speedup(),
-        c.decode_speedup(), c.same_tokens ? "" : " (TOKENS DIFFER)");
+        c.decode_speedup(), step_split(c.plain_stats), step_split(c.stats),
+        c.same_tokens ? "" : " (TOKENS DIFFER)");
   return fmt::format(
       "{:<5} N={}: plain {:7.1f} tok/s, drafted {:7.1f} tok/s ({:.2f}x); "
       "decoding {:.1f} and {:.1f} tok/s per stream ({:.2f}x); "
       "{} drafts in {} verify rows, {:.1f}% accepted, mean accepted length {:.2f}; "
-      "{} reply tokens{}{}{}",
+      "{} reply tokens; a step: plain {}, drafted {}{}{}{}",
       kind, streams, c.plain_tokens_per_s, c.drafted_tokens_per_s, c.speedup(),
       c.plain_decode_tokens_per_s, c.drafted_decode_tokens_per_s, c.decode_speedup(),
       c.stats.drafted_tokens, c.stats.draft_steps, 100 * c.acceptance(), c.mean_accepted_length(),
-      c.reply_tokens,
+      c.reply_tokens, step_split(c.plain_stats), step_split(c.stats),
       c.stats.lookup_tokens > 0 ? fmt::format("; {} of the drafts by prompt lookup, {} accepted",
                                               c.stats.lookup_tokens, c.stats.lookup_accepted)
                                 : std::string(),

@@ -41,6 +41,7 @@ struct DraftComparison {
   // steps share the batch with the others' prefill. The best of the reps.
   double plain_decode_tokens_per_s = 0, drafted_decode_tokens_per_s = 0;
   EngineStats stats;         // the best drafted run's counters
+  EngineStats plain_stats;   // the best plain run's (steps and their host / model seconds)
   int64_t reply_tokens = 0;  // tokens of the drafted run's replies
   bool same_tokens = true;   // drafted replies == plain replies, in every rep
   bool control = false;      // DraftCompareOptions::control: both kinds of run were plain

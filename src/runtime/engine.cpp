@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 namespace tf {
@@ -227,6 +228,13 @@ void Engine::admit(const std::vector<uint64_t>& ids) {
 }
 
 void Engine::step() {
+  const auto t_step = std::chrono::steady_clock::now();
+  double model_s = 0;  // inside Model::forward and Model::draft
+  auto timed = [&model_s](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    model_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   // Schedule (under the lock: submit/cancel touch the scheduler too).
   std::vector<uint64_t> cancels;
   {
@@ -285,7 +293,7 @@ void Engine::step() {
   }
   if (!din.empty()) {
     std::vector<Draft> drafts(din.size());
-    model_.draft(din, drafts, &pool_);
+    timed([&] { model_.draft(din, drafts, &pool_); });
     for (size_t i = 0; i < drafts.size(); ++i) {
       drafting[i]->feed.insert(drafting[i]->feed.end(), drafts[i].tokens.begin(),
                                drafts[i].tokens.end());
@@ -305,7 +313,7 @@ void Engine::step() {
                                .form = r.decode ? DeltaForm::kRecurrent : DeltaForm::kChunked});
   }
   std::vector<float> logits;
-  model_.forward(inputs, &logits, &pool_);
+  timed([&] { model_.forward(inputs, &logits, &pool_); });
 
   // Commit: keep states at cut points; sample where a row ends a prompt or decodes (every verify
   // row, up to the first rejected draft); emit; finish; then advance the scheduler by what was
@@ -348,6 +356,9 @@ void Engine::step() {
   std::lock_guard<std::mutex> lock(mu_);
   sched_.commit(plan);
   ++stats_.steps;
+  stats_.step_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
+  stats_.model_seconds += model_s;
   if (learned) {  // the prior changed
     stats_.draft_costs.resize(o_.draft_max + 1);
     for (int k = 0; k <= o_.draft_max; ++k) stats_.draft_costs[k] = prior_.cost(k);

@@ -121,6 +121,11 @@ struct EngineStats {
   // The engine's drafting prior: seconds per emitted token with k = 0 .. draft_max MTP drafts per
   // step (DraftPolicy::cost; 0: not measured). Empty without drafting.
   std::vector<double> draft_costs;
+  // Wall seconds of the engine's steps that ran a forward (from the step's start to its commit),
+  // and of them inside Model::forward and Model::draft: step_seconds - model_seconds is the host's
+  // own work (scheduling, drafting policy and prompt lookups, sampling, events), which the device
+  // waits on at one stream (docs/PERFORMANCE.md, drafting on the device).
+  double step_seconds = 0, model_seconds = 0;
   size_t waiting = 0, running = 0;  // requests (keep jobs not included)
   size_t keeping = 0;               // keep jobs queued or running
   StatePoolStats pool;

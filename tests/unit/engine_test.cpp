@@ -68,6 +68,25 @@ TEST_F(EngineTest, BatchedEqualsAlone) {
   }
 }
 
+// The engine's step accounting (EngineStats::step_seconds / model_seconds, which the drafting
+// bench prints as host + model time per step): every step that ran a forward is counted, the
+// model's share is positive and below the step's. (Checked to fail with Model::forward left out
+// of the model's share: model_seconds stayed 0.)
+TEST_F(EngineTest, StepsSplitIntoHostAndModelTime) {
+  Engine engine(*model_, EngineOptions{});
+  Collector c;
+  GenerationRequest r;
+  r.prompt = prompt(20, 1);
+  r.max_tokens = 8;
+  r.on_event = [&c](const TokenEvent& e) { c.on_event(e); };
+  ASSERT_TRUE(engine.submit(std::move(r)).is_ok());
+  c.wait();
+  const EngineStats s = engine.stats();
+  EXPECT_EQ(s.steps, 8u);  // the prompt's step (with the first token), then 7 decode steps
+  EXPECT_GT(s.model_seconds, 0.0);
+  EXPECT_GT(s.step_seconds, s.model_seconds);
+}
+
 TEST_F(EngineTest, CancelAndQueueFull) {
   EngineOptions o;
   o.scheduler.max_running = 1;
