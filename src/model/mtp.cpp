@@ -4,16 +4,13 @@
 #include <chrono>
 #include <ctime>
 
+#include "backends/cpu/ops.h"
 #include "core/check.h"
 
 namespace tf {
 
 int32_t argmax_row(std::span<const float> row) {
-  int32_t best = 0;
-  for (size_t i = 1; i < row.size(); ++i) {
-    if (row[i] > row[best]) best = static_cast<int32_t>(i);
-  }
-  return best;
+  return static_cast<int32_t>(cpu::argmax(row.data(), static_cast<int64_t>(row.size())));
 }
 
 int64_t accept_greedy(std::span<const float> logits, int64_t vocab,

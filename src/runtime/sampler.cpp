@@ -5,14 +5,12 @@
 #include <numeric>
 #include <vector>
 
+#include "backends/cpu/ops.h"
+
 namespace tf {
 
 int32_t argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
-  }
-  return best;
+  return static_cast<int32_t>(cpu::argmax(logits.data(), static_cast<int64_t>(logits.size())));
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {

@@ -1,4 +1,6 @@
 #include <cstring>
+#include <limits>
+#include <random>
 
 #include <gtest/gtest.h>
 
@@ -49,6 +51,39 @@ cpu::DeltaArgs args(DeltaCase& c, int64_t t0, int64_t T, float* S, float* out) {
 
 // The chunked form (prompts) equals the token recurrence (decode) up to rounding, with a non-zero
 // initial state, a ragged last chunk and a start that is not chunk-aligned.
+// cpu::argmax is the plain scan's result (lowest index of the largest value, NaN never chosen, 0
+// when x[0] is NaN) on rows of every length around the 16 lanes and vocabulary sizes, with values
+// drawn from a few levels so that the maximum repeats, and with NaN, +-inf and -0.0 among them.
+// (Checked to fail with the lanes joined by value alone, ties to the higher index, and with >= in
+// the lanes.)
+TEST(Ops, ArgmaxEqualsTheScan) {
+  auto scan = [](const std::vector<float>& x) {
+    int64_t best = 0;
+    for (size_t i = 1; i < x.size(); ++i)
+      if (x[i] > x[best]) best = static_cast<int64_t>(i);
+    return best;
+  };
+  std::mt19937 rng(7);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), -0.0f, 0.0f};
+  int checked = 0;
+  for (int64_t n : {1, 2, 15, 16, 17, 31, 32, 33, 100, 6144, 151936}) {
+    for (int rep = 0; rep < 40; ++rep) {
+      std::vector<float> x(n);
+      const int levels = 1 + rep % 5;  // few distinct values: the maximum repeats
+      for (auto& v : x) v = static_cast<float>(static_cast<int>(rng() % levels)) - 2.0f;
+      if (rep % 4 == 1) x[rng() % n] = specials[rng() % 5];
+      if (rep % 4 == 2)
+        for (int k = 0; k < 3; ++k) x[rng() % n] = specials[rng() % 5];
+      if (rep % 8 == 3) x[0] = specials[0];
+      ASSERT_EQ(cpu::argmax(x.data(), n), scan(x)) << "n " << n << " rep " << rep;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 11 * 40);
+}
+
 TEST(DeltaRule, ChunkedMatchesRecurrent) {
   for (int64_t T : {1, 7, 64, 65, 150}) {
     DeltaCase c = make_delta_case(T, 11 + T);

@@ -33,6 +33,13 @@ inline float softplus(float x) {
   return x > 20.0f ? x : __builtin_log1pf(__builtin_expf(x));
 }
 
+// The argmax of x[0, n), n >= 1: the lowest index of the largest value, NaN never chosen (0 when
+// x[0] is NaN): the result of the plain scan `if (x[i] > x[best]) best = i`, in one pass of 16
+// independent lanes (value and first index per lane, then the lanes joined), vectorised with or
+// without AVX-512; n < 2^31. Greedy sampling's per-token cost on the host: `kernels_bench
+// --benchmark_filter=Argmax` (docs/PERFORMANCE.md).
+int64_t argmax(const float* x, int64_t n);
+
 // The argmax of x[0, n) (lowest index on ties) and its softmax probability
 // 1 / sum_i e^(x_i - x_max) (sum in the canonical 16-lane order): a draft head's confidence.
 int64_t argmax_prob(const float* x, int64_t n, float* prob);
