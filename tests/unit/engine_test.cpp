@@ -81,6 +81,10 @@ TEST_F(EngineTest, StepsSplitIntoHostAndModelTime) {
   r.on_event = [&c](const TokenEvent& e) { c.on_event(e); };
   ASSERT_TRUE(engine.submit(std::move(r)).is_ok());
   c.wait();
+  // The last event leaves inside the last step's commit, before the step is counted.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (engine.stats().steps < 8 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const EngineStats s = engine.stats();
   EXPECT_EQ(s.steps, 8u);  // the prompt's step (with the first token), then 7 decode steps
   EXPECT_GT(s.model_seconds, 0.0);
