@@ -48,16 +48,15 @@ LookupIndex::Key LookupIndex::key(int64_t start, int n) const {
   return k;
 }
 
-void LookupIndex::append(int32_t token) {
-  toks_.push_back(token);
-  // The n-grams that end just before the new token now have a follower.
+std::vector<int32_t> LookupIndex::drafts(int max_tokens) {
   const int64_t L = static_cast<int64_t>(toks_.size());
-  for (int n = kLookupMinN; n <= kLookupMaxN && n <= L - 1; ++n)
-    latest_[key(L - 1 - n, n)] = L - 1 - n;
-}
-
-std::vector<int32_t> LookupIndex::drafts(int max_tokens) const {
-  const int64_t L = static_cast<int64_t>(toks_.size());
+  if (L - indexed_ > 64)
+    latest_.reserve(latest_.size() + (kLookupMaxN - kLookupMinN + 1) * (L - indexed_));
+  for (; indexed_ < L; ++indexed_) {
+    // Token t = indexed_ gives the n-grams that end just before it a follower.
+    const int64_t t = indexed_;
+    for (int n = kLookupMinN; n <= kLookupMaxN && n <= t; ++n) latest_[key(t - n, n)] = t - n;
+  }
   if (max_tokens <= 0) return {};
   for (int64_t n = std::min<int64_t>(kLookupMaxN, L - 1); n >= kLookupMinN; --n) {
     const auto it = latest_.find(key(L - n, static_cast<int>(n)));
