@@ -549,13 +549,15 @@ CudaSequenceState CudaModel::new_state(bool mtp) const {
 }
 
 namespace {
-// Replaces `a` by a buffer of `n` floats holding its first `keep` floats.
+// Replaces `a` by a buffer of `n` floats holding its first `keep` floats. The stream is drained
+// before an old buffer is freed (a step may still read it); a state's first buffer (each new
+// request's caches and verify history) replaces nothing and waits for nothing.
 void regrow(DeviceArray<float>& a, size_t n, size_t keep, cudaStream_t s) {
   DeviceArray<float> b(n);
   if (keep > 0)
     TF_CUDA_CHECK(
         cudaMemcpyAsync(b.data(), a.data(), keep * sizeof(float), cudaMemcpyDeviceToDevice, s));
-  TF_CUDA_CHECK(cudaStreamSynchronize(s));  // before the old buffer is freed
+  if (a.data() != nullptr) TF_CUDA_CHECK(cudaStreamSynchronize(s));
   a = std::move(b);
 }
 // Grows the attention caches of layer `st` to hold `need` positions, keeping rows < keep.
@@ -720,7 +722,8 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
           if (held > 0)
             TF_CUDA_CHECK(cudaMemcpyAsync(h.data(), st.mtp_hidden.data() + st.hidden_base * H,
                                           held * row, cudaMemcpyDeviceToDevice, s));
-          TF_CUDA_CHECK(cudaStreamSynchronize(s));  // before the old buffer is freed
+          // Before the old buffer is freed (the first has none).
+          if (st.mtp_hidden.data() != nullptr) TF_CUDA_CHECK(cudaStreamSynchronize(s));
           st.mtp_hidden = std::move(h);
           st.hidden_cap = cap;
         }
@@ -815,9 +818,14 @@ void CudaModel::enqueue(int64_t N, int64_t nseq, int64_t R, bool mtp) {
     cuda::add_rmsnorm_zc(x, y, L.post_norm.data(), N, H, eps, xn, s);
     mlp(L, N, x, xn, y, next, xn, nullptr, rows);
   }
-  // Then the logits rows.
-  float* h = scratch(kRows, R * H);
-  cuda::gather_rows(xn, tb.at<int32_t>(tb.rows), R, H, h, s);
+  // Then the logits rows. prepare() lists them in token order, so R == N means every token's row
+  // in order (decode and verify steps): the product reads xn itself, one launch fewer.
+  const float* h = xn;
+  if (R != N) {
+    float* g = scratch(kRows, R * H);
+    cuda::gather_rows(xn, tb.at<int32_t>(tb.rows), R, H, g, s);
+    h = g;
+  }
   matmul(*lm_head_, h, R, scratch(kLogits, R * V), s);
   if (mtp && !layers_.back().moe) cuda::store_rows(xn, N, H, hid, s);
 }
