@@ -25,13 +25,36 @@ uint64_t addr(const void* p) {
 // ------------------------------------------------------------------------
 
 void* DeviceHeap::alloc(size_t bytes, BufferKind kind) {
+  if (kind == BufferKind::kDevice) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = keep_.find(bytes); it != keep_.end()) {
+      void* p = it->second;
+      keep_.erase(it);
+      if (kept_since_sync_) {  // work enqueued before the free may still use it
+        TF_CUDA_CHECK(cudaDeviceSynchronize());
+        kept_since_sync_ = false;
+      }
+      live_.at(p).kept = false;
+      stats_.kept_bytes -= bytes;
+      ++stats_.reuses;
+      return p;
+    }
+  }
   void* p = nullptr;
-  if (kind == BufferKind::kDevice)
-    TF_CUDA_CHECK(cudaMalloc(&p, bytes));
-  else
+  if (kind == BufferKind::kDevice) {
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // clears it; the kept blocks go back to the driver, then a retry
+      release_kept();
+      e = cudaMalloc(&p, bytes);
+    }
+    TF_CUDA_CHECK(e);
+  } else {
     TF_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   live_.emplace(p, Block{bytes, kind});
+  stats_.allocs += kind == BufferKind::kDevice;
   if (observer_) observer_->on_create(p, bytes, kind);
   return p;
 }
@@ -43,8 +66,17 @@ void DeviceHeap::free(void* p) noexcept {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(p);
     if (it != live_.end()) {
-      kind = it->second.kind;
-      if (observer_) observer_->on_release(p, it->second.bytes);
+      Block& b = it->second;
+      kind = b.kind;
+      if (kind == BufferKind::kDevice && b.bytes <= kKeepBlockBytes &&
+          stats_.kept_bytes + b.bytes <= kKeepBytes) {
+        b.kept = true;
+        keep_.emplace(b.bytes, p);
+        stats_.kept_bytes += b.bytes;
+        kept_since_sync_ = true;
+        return;
+      }
+      if (observer_) observer_->on_release(p, b.bytes);
       live_.erase(it);
     }
   }
@@ -52,6 +84,23 @@ void DeviceHeap::free(void* p) noexcept {
     cudaFree(p);
   else
     cudaFreeHost(p);
+}
+
+void DeviceHeap::release_kept() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [bytes, p] : keep_) {
+    if (observer_) observer_->on_release(p, bytes);
+    live_.erase(p);
+    cudaFree(p);
+  }
+  keep_.clear();
+  stats_.kept_bytes = 0;
+  kept_since_sync_ = false;
+}
+
+DeviceHeap::Stats DeviceHeap::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
 }
 
 void DeviceHeap::set_observer(BufferObserver* o) {

@@ -40,22 +40,46 @@ namespace tf {
 // live, so that the residency owner can hold what exists at startup (for_each) and follow what is
 // made and freed later (set_observer: told after each allocation, before each free). One per
 // process (a server runs one engine on one device). Thread-safe.
+//
+// Freed device blocks of up to kKeepBlockBytes are kept, up to kKeepBytes in all, and handed out
+// again for an allocation of the same size: a request's state is a few dozen buffers (the
+// recurrent and conv states, the attention caches, with drafting the verify history and the MTP
+// head's rows), made when it starts and freed when it ends, and each cudaMalloc or cudaFree
+// (which waits for the whole device) is a driver call of its own. A kept block is still device
+// memory this process holds, so it stays live here (for_each lists it, the observer is told of it
+// only when it is made and when it is really freed), and the residency set keeps counting it.
+// Work enqueued before a free may still use the block, so a reuse first waits for the device
+// (cudaDeviceSynchronize) when blocks were kept since the last such wait. When cudaMalloc runs
+// out of memory, the kept blocks are freed and it is tried once more.
 class DeviceHeap {
  public:
+  static constexpr size_t kKeepBlockBytes = size_t{64} << 20, kKeepBytes = size_t{512} << 20;
+  struct Stats {
+    uint64_t allocs = 0;  // cudaMalloc calls for device blocks
+    uint64_t reuses = 0;  // device allocations served by a kept block
+    size_t kept_bytes = 0;
+  };
   // cudaMalloc (kDevice) or cudaMallocHost (kHost: pinned); a CHECK failure when out of memory.
   void* alloc(size_t bytes, BufferKind kind);
   void free(void* p) noexcept;  // nullptr: nothing
   void set_observer(BufferObserver* o);
-  // Every live allocation, in address order.
+  // Every live allocation (kept blocks included), in address order.
   void for_each(const std::function<void(const void* p, size_t bytes, BufferKind kind)>& f) const;
+  Stats stats() const;
+  // Frees every kept block (alloc does, and retries, when cudaMalloc runs out of memory).
+  void release_kept();
 
  private:
   struct Block {
     size_t bytes;
     BufferKind kind;
+    bool kept = false;  // freed, waiting in keep_ for a reuse
   };
   mutable std::mutex mu_;
   std::map<const void*, Block> live_;   // guarded by mu_
+  std::multimap<size_t, void*> keep_;   // guarded by mu_: kept device blocks by size
+  bool kept_since_sync_ = false;        // guarded by mu_
+  Stats stats_;                         // guarded by mu_
   BufferObserver* observer_ = nullptr;  // guarded by mu_
 };
 DeviceHeap& device_heap();

@@ -10,7 +10,9 @@
 //     as an engine without residency.
 // Checked to fail (on the H200, 2026-12-04): with a DeviceHeap::free that skips on_release,
 // FollowsEveryDeviceBufferAndTicksBesideTheEngine aborts: a state buffer made at a freed one's
-// address overlaps a member the set still counts (the owner's CHECK). Skips without a device.
+// address overlaps a member the set still counts (the owner's CHECK). Since freed blocks are kept
+// for reuse (2026-12-07), the same test fails with a DeviceHeap::release_kept that skips
+// on_release (the set counts more than the heap has live). Skips without a device.
 #include <atomic>
 #include <random>
 #include <thread>
@@ -138,6 +140,10 @@ TEST_F(ResidencyOnDevice, FollowsEveryDeviceBufferAndTicksBesideTheEngine) {
       testing::wait_idle(plain);
     }
   }
+  // The plain run's freed state buffers wait in the heap for a reuse (DeviceHeap's kept blocks),
+  // members of any set made now; freed for real here, so that the states made while serving are
+  // new buffers, which must join the set.
+  device_heap().release_kept();
   auto owner = hold();
   ASSERT_NE(owner, nullptr);
   const size_t device0 = owner->stats().memory[kDevice].held;
@@ -174,6 +180,58 @@ TEST_F(ResidencyOnDevice, FollowsEveryDeviceBufferAndTicksBesideTheEngine) {
     EXPECT_GT(owner->stats().memory[kHost].held, 0u) << "the pinned staging of the logits";
   }
   expect_follows(*owner, "after the engine went");
+  // The states freed when the engine went are kept blocks, still counted; freed for real, each
+  // leaves the set.
+  EXPECT_GT(device_heap().stats().kept_bytes, 0u);
+  device_heap().release_kept();
+  expect_follows(*owner, "after the kept blocks were freed");
+}
+
+// DeviceHeap keeps freed device blocks for the next allocation of their size: the same address
+// again, no cudaMalloc, and the block stays live (listed, so the residency set keeps counting
+// it) while kept; a block above kKeepBlockBytes, or any kept block on release_kept, is really
+// freed. (That the set counts exactly the live blocks, kept ones included, after serving and
+// after release_kept is FollowsEveryDeviceBufferAndTicksBesideTheEngine's check.)
+TEST(DeviceHeapOnDevice, FreedBlocksAreKeptForTheSameSize) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  DeviceHeap& heap = device_heap();
+  auto listed = [&heap](const void* p) {
+    bool found = false;
+    heap.for_each([&](const void* q, size_t, BufferKind) { found = found || q == p; });
+    return found;
+  };
+  const size_t bytes = (size_t{3} << 20) + 7 * 4096;  // a size nothing else here allocates
+  void* a = heap.alloc(bytes, BufferKind::kDevice);
+  ASSERT_EQ(cudaMemset(a, 1, bytes), cudaSuccess);
+  heap.free(a);
+  EXPECT_TRUE(listed(a)) << "a kept block is still device memory the process holds";
+  const DeviceHeap::Stats s0 = heap.stats();
+  EXPECT_GE(s0.kept_bytes, bytes);
+  void* b = heap.alloc(bytes, BufferKind::kDevice);
+  EXPECT_EQ(b, a) << "the kept block, handed out again";
+  const DeviceHeap::Stats s1 = heap.stats();
+  EXPECT_EQ(s1.reuses, s0.reuses + 1);
+  EXPECT_EQ(s1.allocs, s0.allocs);
+  EXPECT_EQ(s1.kept_bytes, s0.kept_bytes - bytes);
+  void* c = heap.alloc(bytes, BufferKind::kDevice);  // none kept now: a new block
+  EXPECT_NE(c, a);
+  EXPECT_EQ(heap.stats().allocs, s1.allocs + 1);
+  heap.free(b);
+  heap.free(c);
+
+  const size_t big = DeviceHeap::kKeepBlockBytes + 4096;
+  void* d = heap.alloc(big, BufferKind::kDevice);
+  EXPECT_TRUE(listed(d));
+  heap.free(d);
+  EXPECT_FALSE(listed(d)) << "blocks above kKeepBlockBytes are freed";
+
+  void* e = heap.alloc(bytes, BufferKind::kDevice);
+  heap.free(e);
+  EXPECT_TRUE(listed(e));
+  heap.release_kept();  // what alloc does when cudaMalloc runs out of memory
+  EXPECT_FALSE(listed(e));
+  EXPECT_EQ(heap.stats().kept_bytes, 0u);
 }
 
 }  // namespace
