@@ -108,6 +108,7 @@ double aggregate_decode(const Model& model, const Options& o, int n, std::mt1993
     r.prompt = random_ids(rng, o.prompt_len, model.config().vocab_size);
     r.max_tokens = o.gen;
     r.sampling.temperature = 0;
+    r.want_logits = false;  // as the server asks
     Timeline* t = tl.back().get();
     r.on_event = [t](const TokenEvent& e) { t->on_event(e); };
     if (!engine.submit(std::move(r))) return 0;
@@ -152,6 +153,7 @@ TurnResult chat_ttft(const Model& model, const Options& o, std::mt19937& rng) {
     r.prompt = prompt;
     r.max_tokens = max_tokens;
     r.sampling.temperature = 0;
+    r.want_logits = false;  // as the server asks
     r.on_event = [t](const TokenEvent& ev) { t->on_event(ev); };
     const auto t0 = Clock::now();
     if (!e.submit(std::move(r))) return 0.0;

@@ -327,6 +327,7 @@ double engine_decode(const Model& model, int B, int prompt, int steps, std::mt19
       r.prompt.resize(prompt);
       for (auto& t : r.prompt) t = tok(rng);
       r.max_tokens = steps;
+      r.want_logits = false;  // as the server asks
       r.on_event = [&, first = true](const TokenEvent& e) mutable {
         std::lock_guard<std::mutex> lock(mu);
         if (first && ++started == B) t_started = now_s();

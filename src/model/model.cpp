@@ -138,7 +138,8 @@ CudaSequenceState* device_state(SequenceState* s) {
 #endif
 
 void Model::forward_cuda([[maybe_unused]] std::span<const StepInput> inputs,
-                         [[maybe_unused]] std::vector<float>* logits) const {
+                         [[maybe_unused]] std::vector<float>* logits,
+                         [[maybe_unused]] std::vector<int32_t>* tokens) const {
 #ifdef TF_HAVE_CUDA
   std::vector<CudaStepInput> in;
   in.reserve(inputs.size());
@@ -152,7 +153,10 @@ void Model::forward_cuda([[maybe_unused]] std::span<const StepInput> inputs,
       i.state->verify.T = static_cast<int64_t>(i.tokens.size());
     }
   }
-  cuda_->forward(in, logits);
+  if (tokens != nullptr)
+    cuda_->forward_greedy(in, tokens);
+  else
+    cuda_->forward(in, logits);
   for (const StepInput& i : inputs) i.state->n_past = device_state(i.state)->n_past;
 #endif
 }
@@ -288,6 +292,19 @@ SequenceState Model::new_state(BufferObserver* observer, bool mtp) const {
   s.hidden_size = c.hidden_size;
   if (leader_) s.link = StateLink(leader_.get(), leader_->create(mtp));
   return s;
+}
+
+void Model::forward_argmax(std::span<const StepInput> inputs, std::vector<int32_t>* tokens,
+                           ThreadPool* pool) const {
+  if (cuda_) {
+    forward_cuda(inputs, nullptr, tokens);
+    return;
+  }
+  std::vector<float> logits;
+  forward(inputs, &logits, pool);
+  const int64_t V = config().vocab_size, R = static_cast<int64_t>(logits.size()) / V;
+  for (int64_t r = 0; r < R; ++r)
+    tokens->push_back(static_cast<int32_t>(cpu::argmax(&logits[r * V], V)));
 }
 
 void Model::forward(std::span<const StepInput> inputs, std::vector<float>* logits,

@@ -195,6 +195,11 @@ class Model {
   // chunks, decode rows and verify steps; each row's result is the same as in any other batch.
   void forward(std::span<const StepInput> inputs, std::vector<float>* logits,
                ThreadPool* pool) const;
+  // As forward, but appends each logits row's argmax (the lowest id on ties: the greedy sampler's
+  // token) instead of the row. On the device the rows stay there (argmax by a kernel, R ints read
+  // back instead of R x vocab floats); on the CPU the same rows as forward's, then the argmax.
+  void forward_argmax(std::span<const StepInput> inputs, std::vector<int32_t>* tokens,
+                      ThreadPool* pool) const;
 
   // Chained MTP drafting (§6), batched over sequences. For each input, step s = 1..k runs the
   // head at position n_past - 2 + s on (h, t): step 1 on (H[n_past - 1], next_token), step s > 1
@@ -290,8 +295,9 @@ class Model {
     void operator()(CudaModel* m) const;
   };
   std::unique_ptr<CudaModel, CudaDeleter> cuda_;
-  // forward() on the device.
-  void forward_cuda(std::span<const StepInput> inputs, std::vector<float>* logits) const;
+  // forward() (logits) or forward_argmax() (tokens; the other pointer null) on the device.
+  void forward_cuda(std::span<const StepInput> inputs, std::vector<float>* logits,
+                    std::vector<int32_t>* tokens = nullptr) const;
 };
 
 }  // namespace tf

@@ -72,6 +72,7 @@ Run run_once(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
     r.prompt = p;
     r.max_tokens = o.max_tokens;
     r.stop_tokens = stops;
+    r.want_logits = false;  // as the server asks
     Reply* rp = replies.back().get();
     r.on_event = [rp](const TokenEvent& e) {
       std::lock_guard<std::mutex> lock(rp->mu);

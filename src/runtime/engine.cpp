@@ -313,7 +313,13 @@ void Engine::step() {
                                .form = r.decode ? DeltaForm::kRecurrent : DeltaForm::kChunked});
   }
   std::vector<float> logits;
-  timed([&] { model_.forward(inputs, &logits, &pool_); });
+  std::vector<int32_t> tokens;  // an argmax step's rows
+  const bool argmax = std::all_of(plan.rows.begin(), plan.rows.end(),
+                                  [this](const StepRow& r) { return argmax_row(r); });
+  if (argmax)
+    timed([&] { model_.forward_argmax(inputs, &tokens, &pool_); });
+  else
+    timed([&] { model_.forward(inputs, &logits, &pool_); });
 
   // Commit: keep states at cut points; sample where a row ends a prompt or decodes (every verify
   // row, up to the first rejected draft); emit; finish; then advance the scheduler by what was
@@ -322,7 +328,10 @@ void Engine::step() {
   size_t row = 0;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const size_t n = inputs[i].verify ? inputs[i].tokens.size() : 1;
-    commit_row(plan.rows[i], std::span<const float>(&logits[row * V], n * V));
+    if (argmax)
+      commit_row(plan.rows[i], {}, std::span<const int32_t>(tokens).subspan(row, n));
+    else
+      commit_row(plan.rows[i], std::span<const float>(logits).subspan(row * V, n * V), {});
     row += n;
   }
   // The policies learn the step's whole cost: drafting, the forward and the commit (sampling the
@@ -404,9 +413,18 @@ bool Engine::cancel_pending(uint64_t id) const {
   return std::find(cancels_.begin(), cancels_.end(), id) != cancels_.end();
 }
 
-void Engine::commit_row(StepRow& r, std::span<const float> logits) {
+bool Engine::argmax_row(const StepRow& r) const {
+  const Active& a = *active_.at(r.seq);
+  if (a.internal || (!r.decode && !r.samples)) return true;
+  const SamplingParams& p = a.req.sampling;
+  return !a.req.want_logits && p.temperature <= 0.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f;
+}
+
+void Engine::commit_row(StepRow& r, std::span<const float> logits,
+                        std::span<const int32_t> tokens) {
   if (r.decode) {
-    commit_decode(r, logits);
+    commit_decode(r, logits, tokens);
     return;
   }
   Active& a = *active_.at(r.seq);
@@ -430,10 +448,11 @@ void Engine::commit_row(StepRow& r, std::span<const float> logits) {
     finish(r.seq, FinishReason::kStop, -1);  // its state is kept; nothing to sample
     return;
   }
-  take(r.seq, a, a.sampler.sample(logits), logits, a.state.n_past);
+  take(r.seq, a, tokens.empty() ? a.sampler.sample(logits) : tokens[0], logits, a.state.n_past);
 }
 
-void Engine::commit_decode(StepRow& r, std::span<const float> logits) {
+void Engine::commit_decode(StepRow& r, std::span<const float> logits,
+                           std::span<const int32_t> tokens) {
   Active& a = *active_.at(r.seq);
   const int64_t V = model_.config().vocab_size;
   const int64_t base = r.begin;  // n_past before the step; feed[i] sat at position base + i
@@ -455,8 +474,9 @@ void Engine::commit_decode(StepRow& r, std::span<const float> logits) {
       finish(r.seq, FinishReason::kCancelled, -1);
       return;
     }
-    const std::span<const float> row = logits.subspan(i * V, V);
-    const int32_t tok = a.sampler.sample(row);
+    // An argmax step's token is the greedy sampler's pick; its events carry no logits.
+    const std::span<const float> row = tokens.empty() ? logits.subspan(i * V, V) : logits;
+    const int32_t tok = tokens.empty() ? a.sampler.sample(row) : tokens[i];
     const bool accepted = i < j && tok == feed[i + 1];
     if (accepted) {
       std::lock_guard<std::mutex> lock(mu_);

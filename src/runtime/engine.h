@@ -75,6 +75,11 @@ struct GenerationRequest {
   // MTP drafting for this request; false: never (it then decodes one token per step). Drafting
   // also needs EngineOptions::draft_max > 0 and an MTP head; it never changes the tokens.
   bool draft = true;
+  // false: events carry no logits (an empty span). A step whose sampled rows are all greedy
+  // (temperature 0, no penalties) without logits then asks the model for the rows' argmax only
+  // (Model::forward_argmax: on the device, a token per row read back instead of the row), the
+  // same tokens the sampler picks from the rows. The server sets it false.
+  bool want_logits = true;
   std::function<void(const TokenEvent&)> on_event;
 };
 
@@ -186,9 +191,14 @@ class Engine {
   void loop();
   void step();
   void admit(const std::vector<uint64_t>& ids);
-  void commit_row(StepRow& r, std::span<const float> logits);
+  // A row's results: `logits` [n, vocab], or with an argmax step (forward_argmax) `tokens` [n]
+  // and no logits.
+  void commit_row(StepRow& r, std::span<const float> logits, std::span<const int32_t> tokens);
   // A decode row, plain or verify: logits [1 + j, V] for feed [last, d_1 .. d_j].
-  void commit_decode(StepRow& r, std::span<const float> logits);
+  void commit_decode(StepRow& r, std::span<const float> logits, std::span<const int32_t> tokens);
+  // Whether the step's row r may be an argmax row: it samples nothing, or greedily with no
+  // penalties for a request that wants no logits.
+  bool argmax_row(const StepRow& r) const;
   bool cancel_pending(uint64_t id) const;  // cancel() was called for id since the step began
   int want_drafts(Active& a);  // k for the next decode row of a decoding request (asks its policy)
   // A shadow lookup resolved (LookupHits; nullopt: none did): into the stats. Under mu_.

@@ -514,6 +514,7 @@ class Service {
     r.max_tokens = g->api.max_tokens > 0 ? std::min(g->api.max_tokens, room) : room;
     if (!g->api.ignore_eos) r.stop_tokens = stop_tokens_;
     r.draft = g->api.draft;
+    r.want_logits = false;  // no logprobs: greedy steps keep the logits on the device
     if (g->keep_prefix > 0) r.keep_prefixes = {g->keep_prefix};
     std::weak_ptr<Channel> ch = g->channel;
     r.on_event = [ch](const TokenEvent& e) {

@@ -92,6 +92,17 @@ TEST_F(EngineOnDevice, GreedyRepliesMatchCpuEngine) {
         << "request " << i << " token " << t << ": a divergence the logits do not explain";
   }
   EXPECT_GE(equal, static_cast<int>(reqs.size()) - 1) << "replies equal to the CPU's";
+
+  // The same requests wanting no logits (as the server's): argmax steps, the rows' argmax taken
+  // on the device (CudaModel::forward_greedy), must give the tokens the host's sampler took from
+  // the device's rows above, and events without logits.
+  for (auto& r : reqs) r.want_logits = false;
+  Engine ae(*gpu_, o);
+  const std::vector<Reply> argmax = run_all(ae, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(argmax[i].tokens, got[i].tokens) << "request " << i << ", argmax steps";
+    for (const auto& row : argmax[i].logits) EXPECT_TRUE(row.empty()) << "request " << i;
+  }
 }
 
 TEST_F(EngineOnDevice, ResumedAndBatchedEqualAlone) {

@@ -22,6 +22,20 @@ class EngineTest : public testing::SmallModelTest {
     for (int i = 0; i < n; ++i) p[i] = (i * 13 + seed * 7 + 1) % 96;
     return p;
   }
+  // Seven prompts of 1 .. 151 tokens.
+  std::vector<std::vector<int32_t>> prompts() const {
+    std::vector<std::vector<int32_t>> ps;
+    for (int i = 0; i < 7; ++i) ps.push_back(prompt(1 + i * 25, i));
+    return ps;
+  }
+  // Four requests at a time in steps of 100 tokens: prefill chunks share steps with decode rows.
+  static EngineOptions batched() {
+    EngineOptions o;
+    o.scheduler.max_running = 4;
+    o.scheduler.batch_tokens = 100;
+    o.threads = 2;
+    return o;
+  }
   // Greedy tokens of each prompt, all submitted at once to an engine with these options.
   std::vector<std::vector<int32_t>> run(const std::vector<std::vector<int32_t>>& prompts,
                                         const EngineOptions& o, int max_tokens) {
@@ -50,21 +64,49 @@ class EngineTest : public testing::SmallModelTest {
 // steps with decode rows. (Checked to fail by letting the scheduler cut prefill chunks off the
 // 64-alignment: the 150-token prompt's tokens then change.)
 TEST_F(EngineTest, BatchedEqualsAlone) {
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 7; ++i) prompts.push_back(prompt(1 + i * 25, i));
+  const std::vector<std::vector<int32_t>> prompts = this->prompts();
   EngineOptions alone_o;
   alone_o.scheduler.max_running = 1;
   alone_o.scheduler.batch_tokens = 4096;
   std::vector<std::vector<int32_t>> alone;
   for (const auto& p : prompts) alone.push_back(run({p}, alone_o, 12)[0]);
-  EngineOptions batched_o;
-  batched_o.scheduler.max_running = 4;
-  batched_o.scheduler.batch_tokens = 100;
-  batched_o.threads = 2;
-  const auto batched = run(prompts, batched_o, 12);
+  const auto batched_run = run(prompts, batched(), 12);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(batched[i], alone[i]) << "request " << i;
+    EXPECT_EQ(batched_run[i], alone[i]) << "request " << i;
     EXPECT_EQ(alone[i].size(), 12u);
+  }
+}
+
+// Requests that want no logits (GenerationRequest::want_logits = false, as the server's) get
+// their greedy tokens from argmax steps (Model::forward_argmax): the same tokens as requests that
+// take the logits rows, alone or batched with chunked prefill, and beside requests that want
+// logits (those steps take the rows for every request). Their events carry no logits, which shows
+// the argmax steps ran. (Checked to fail with forward_argmax's rows read one row late: the
+// first request's tokens change.)
+TEST_F(EngineTest, ArgmaxStepsGiveTheSampledTokens) {
+  const std::vector<std::vector<int32_t>> prompts = this->prompts();
+  const EngineOptions o = batched();
+  // want: 0 every request wants logits, 1 none, 2 every other one.
+  std::vector<std::vector<testing::Reply>> runs;
+  for (int want = 0; want < 3; ++want) {
+    Engine engine(*model_, o);
+    std::vector<GenerationRequest> reqs;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      GenerationRequest r;
+      r.prompt = prompts[i];
+      r.max_tokens = 10;
+      r.want_logits = want == 0 || (want == 2 && i % 2 == 0);
+      reqs.push_back(r);
+    }
+    runs.push_back(testing::run_all(engine, reqs));
+  }
+  const int64_t V = model_->config().vocab_size;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(runs[0][i].tokens.size(), 10u) << "request " << i;
+    EXPECT_EQ(runs[1][i].tokens, runs[0][i].tokens) << "request " << i << ", argmax steps";
+    EXPECT_EQ(runs[2][i].tokens, runs[0][i].tokens) << "request " << i << ", mixed";
+    for (const auto& row : runs[0][i].logits) EXPECT_EQ(static_cast<int64_t>(row.size()), V);
+    for (const auto& row : runs[1][i].logits) EXPECT_TRUE(row.empty()) << "request " << i;
   }
 }
 
