@@ -8,6 +8,8 @@
 #     REPS     rounds (default 2); each round runs OLD then NEW:
 #              default: the decode tables of the 80B-A3B shape (dummy weights, batches 1, 8, 32,
 #              prefill 512) and of models/tiny-next (batches 1, 8, 32); prints tokens/s per row
+#              WHAT=engine: tiny-next through the engine (`cuda_bench --model models/tiny-next
+#              --batches 1,8,16,32 --prefill 0 --engine`); prints tokens/s per stream count
 #              WHAT=draft: MTP drafting on tiny-next (issue 8), cold (a fresh engine per run)
 #              then warm (one engine per kind for every rep): `cuda_bench --model
 #              models/tiny-next --batches 1 --prefill 0 --draft 3 --draft-reps 5 --draft-lookup 12
@@ -44,10 +46,18 @@ controls() { sed -nE 's/^ +([a-z]+) +N=([0-9]+): control[^(]*\(([0-9.]+x)\).*/\1
 for r in $(seq 1 "$reps"); do
   modes=plain
   [ "${WHAT:-}" = draft ] && modes="cold warm"
+  [ "${WHAT:-}" = engine ] && modes=engine
   for mode in $modes; do
     for v in old new; do
       bin=$old
       [ "$v" = new ] && bin=$new
+      if [ "$mode" = engine ]; then
+        timeout 60 "$bin" --model models/tiny-next --batches 1,8,16,32 --prefill 0 --engine \
+          >"$out/engine_${v}_$r.md" 2>&1
+        echo "$v round $r engine (streams | tok/s): $(grep -E '^\| prompt' "$out/engine_${v}_$r.md" |
+          cut -d'|' -f3,4 | tr -s ' ' | tr '\n' ' ')"
+        continue
+      fi
       if [ "$mode" = plain ]; then
         timeout 120 "$bin" --config bench/qwen3-next-80b-a3b-24l.json --load-format dummy \
           --batches 1,8,32 >"$out/80b_${v}_$r.md" 2>&1
