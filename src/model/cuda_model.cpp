@@ -34,7 +34,6 @@ void* DeviceHeap::alloc(size_t bytes, BufferKind kind) {
         TF_CUDA_CHECK(cudaDeviceSynchronize());
         kept_since_sync_ = false;
       }
-      live_.at(p).kept = false;
       stats_.kept_bytes -= bytes;
       ++stats_.reuses;
       return p;
@@ -66,11 +65,10 @@ void DeviceHeap::free(void* p) noexcept {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(p);
     if (it != live_.end()) {
-      Block& b = it->second;
+      const Block& b = it->second;
       kind = b.kind;
       if (kind == BufferKind::kDevice && b.bytes <= kKeepBlockBytes &&
           stats_.kept_bytes + b.bytes <= kKeepBytes) {
-        b.kept = true;
         keep_.emplace(b.bytes, p);
         stats_.kept_bytes += b.bytes;
         kept_since_sync_ = true;

@@ -73,10 +73,9 @@ class DeviceHeap {
   struct Block {
     size_t bytes;
     BufferKind kind;
-    bool kept = false;  // freed, waiting in keep_ for a reuse
   };
   mutable std::mutex mu_;
-  std::map<const void*, Block> live_;   // guarded by mu_
+  std::map<const void*, Block> live_;   // guarded by mu_; kept blocks (in keep_) too
   std::multimap<size_t, void*> keep_;   // guarded by mu_: kept device blocks by size
   bool kept_since_sync_ = false;        // guarded by mu_
   Stats stats_;                         // guarded by mu_

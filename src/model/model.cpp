@@ -6,6 +6,7 @@
 
 #include "backends/cpu/ops.h"
 #include "core/check.h"
+#include "model/mtp.h"
 #include "residency/cpu_backend.h"
 #ifdef TF_HAVE_CUDA
 #include "model/cuda_model.h"
@@ -304,7 +305,7 @@ void Model::forward_argmax(std::span<const StepInput> inputs, std::vector<int32_
   forward(inputs, &logits, pool);
   const int64_t V = config().vocab_size, R = static_cast<int64_t>(logits.size()) / V;
   for (int64_t r = 0; r < R; ++r)
-    tokens->push_back(static_cast<int32_t>(cpu::argmax(&logits[r * V], V)));
+    tokens->push_back(argmax_row(std::span<const float>(logits).subspan(r * V, V)));
 }
 
 void Model::forward(std::span<const StepInput> inputs, std::vector<float>* logits,
