@@ -1378,9 +1378,9 @@ void CudaModel::mlp(const DevLayer& L, int64_t N, float* x, float* xn, float* y,
     cuda::expert_gate_up(X.gate.dtype, X.gate.bytes.data(), X.up.bytes.data(), X.I, H, ex, k, xn, N,
                          h, s, S.gate.bytes.data(), S.up.bytes.data());
     cuda::expert_down(X.down.dtype, X.down.bytes.data(), H, X.I, ex, k, h, N, o, s,
-                      S.down.bytes.data());
+                      S.down.bytes.data(), /*follows_gate_up=*/true);
     cuda::moe_combine(o, ex, w, N, k, H, nullptr, /*shared_in_o=*/true, gl, E + 1, x, norm, eps,
-                      out, s, x2, out_rows);
+                      out, s, x2, out_rows, /*routing_settled=*/true);
     return;
   }
   float* sh = scratch(kShared, N * H);
@@ -1394,7 +1394,8 @@ void CudaModel::mlp(const DevLayer& L, int64_t N, float* x, float* xn, float* y,
     if (n <= kSlotTokens) {  // the shared expert's shape differs, so it ran on its own above
       cuda::expert_gate_up(X.gate.dtype, X.gate.bytes.data(), X.up.bytes.data(), X.I, H,
                            ex + t0 * k, k, xn + t0 * H, n, h, s);
-      cuda::expert_down(X.down.dtype, X.down.bytes.data(), H, X.I, ex + t0 * k, k, h, n, o, s);
+      cuda::expert_down(X.down.dtype, X.down.bytes.data(), H, X.I, ex + t0 * k, k, h, n, o, s,
+                        nullptr, /*follows_gate_up=*/true);
     } else {  // each expert's weights read once per tile of up to 8 of its slots
       int32_t* sorted = grow_tracked(route_sorted_, n * k);
       int32_t* tiles = grow_tracked(route_tiles_, 4 * cuda::moe_max_tiles(n, k, E) + 1);
@@ -1406,7 +1407,8 @@ void CudaModel::mlp(const DevLayer& L, int64_t N, float* x, float* xn, float* y,
     }
     cuda::moe_combine(o, ex + t0 * k, w + t0 * k, n, k, H, sh + t0 * H, false, gl + t0 * (E + 1),
                       E + 1, x + t0 * H, norm, eps, out + t0 * H, s, nullptr,
-                      out_rows != nullptr ? out_rows + t0 : nullptr);
+                      out_rows != nullptr ? out_rows + t0 : nullptr,
+                      /*routing_settled=*/n <= kSlotTokens);
   }
 }
 

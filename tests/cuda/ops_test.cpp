@@ -822,6 +822,23 @@ TEST_F(CudaOps, FusedKernelsMatchSeparateOps) {
   std::vector<float> ref(H);
   cpu::rmsnorm_zc(want.data(), nw.data(), 1, H, 1e-6f, ref.data());
   EXPECT_LT(rel_l2(yn.host(), ref), 1e-6);
+
+  // The model's launches: on a stream of their own (programmatic launch), expert_down reading
+  // the ids before its wait (follows_gate_up) and moe_combine the routing (routing_settled):
+  // the same bits. (A build whose early path read each slot's id from the next slot failed here.)
+  cudaStream_t st;
+  TF_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  Dev<float> h3(3 * I), o3(3 * H), y3(x0), yn3(H);
+  cuda::expert_gate_up(DType::kBF16, dg.p, du.p, I, H, dex.p, k, dx.p, 1, h3.p, st, dsg.p, dsu.p);
+  cuda::expert_down(DType::kBF16, dd.p, H, I, dex.p, k, h3.p, 1, o3.p, st, dsd.p,
+                    /*follows_gate_up=*/true);
+  cuda::moe_combine(o3.p, dex.p, dw.p, 1, k, H, nullptr, true, dgl.p + 2, 3, y3.p, dnw.p, 1e-6f,
+                    yn3.p, st, nullptr, nullptr, /*routing_settled=*/true);
+  TF_CUDA_CHECK(cudaStreamSynchronize(st));
+  TF_CUDA_CHECK(cudaStreamDestroy(st));
+  EXPECT_EQ(o3.host(), o.host());
+  EXPECT_EQ(y3.host(), y.host());
+  EXPECT_EQ(yn3.host(), yn.host());
 }
 
 }  // namespace

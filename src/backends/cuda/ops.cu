@@ -60,6 +60,23 @@ bool pdl_supported() {
   return on;
 }
 
+// Whether a sequence's recurrent states (the Gated DeltaNet's conv state and S) may be read before
+// pdl_wait, while the kernels before it still run. True while `stream` is being captured into a
+// CUDA graph: a graph launch starts after every earlier operation of its stream has completed
+// (programmatic edges join kernels inside the graph only), so what wrote a state outside the
+// graph (a rollback's copy, a resumed state's copy, the step before) is done, and inside one step
+// a layer's states are written by that layer's own gdn_prep / delta rule launch only. Outside a
+// graph (prompts, large steps) a copy kernel that wrote a state may be a few launches back and
+// still running (each launch lets the next one start), so there the kernels wait first.
+// The state's loads (16 KB per block for the 80B shape's S) then overlap the kernel before
+// instead of following it.
+bool states_settled(cudaStream_t stream) {
+  if (stream == nullptr || !pdl_supported()) return false;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  TF_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+  return st == cudaStreamCaptureStatusActive;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute
 // (on a stream of its own: the legacy default stream launches plainly).
 template <class... Params, class... Args>
@@ -393,7 +410,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
                           const W* __restrict__ sg, const W* __restrict__ su, int64_t I, int64_t H,
                           const int32_t* __restrict__ experts, int64_t k,
                           const float* __restrict__ x, float* __restrict__ h) {
-  pdl_launch_next();
   const int64_t i0 =
       (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * kGroupRows;
   const int64_t kk = sg ? k + 1 : k, slot = blockIdx.y, t = slot / kk, j = slot % kk;
@@ -405,6 +421,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
     prefetch_l2(su + i0 * H, bytes);
   }
   pdl_wait();
+  // The kernels after this one start only once every block is past this wait, that is once every
+  // kernel before this one has completed: expert_down (ids_settled) and moe_combine
+  // (routing_settled) read the routing before their own waits. Down's launch still overlaps this
+  // kernel's dots.
+  pdl_launch_next();
   if (i0 >= I) return;
   const int64_t e = experts && !sh ? experts[t * k + j] : 0;
   const int nr = static_cast<int>(I - i0 < kGroupRows ? I - i0 : kGroupRows);
@@ -431,23 +452,32 @@ template <class W>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
     expert_down_kernel(const W* __restrict__ wd, const W* __restrict__ sd, int64_t H, int64_t I,
                        const int32_t* __restrict__ experts, int64_t k, const float* __restrict__ h,
-                       float* __restrict__ o) {
+                       float* __restrict__ o, bool ids_settled) {
   pdl_launch_next();
   const int64_t d0 =
       (static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp) * kMatRows;
   const int64_t kk = sd ? k + 1 : k, slot = blockIdx.y, t = slot / kk, j = slot % kk;
   const bool sh = sd && j == k;
-  if (sh && t == 0 && d0 < H && threadIdx.x % kWarp == 0)  // as in expert_gate_up_kernel
-    prefetch_l2(sd + d0 * I, (H - d0 < kMatRows ? H - d0 : kMatRows) * I * sizeof(W));
-  pdl_wait();
+  if (!ids_settled) {
+    if (sh && t == 0 && d0 < H && threadIdx.x % kWarp == 0)  // as in expert_gate_up_kernel
+      prefetch_l2(sd + d0 * I, (H - d0 < kMatRows ? H - d0 : kMatRows) * I * sizeof(W));
+    pdl_wait();
+  }
   if (d0 >= H) return;
-  const int64_t e = experts && !sh ? experts[t * k + j] : 0;
+  // With ids_settled the expert id is final already (ops.h), read from L2 (__ldcg), and warp_rows
+  // asks for the slot's first weights before waiting for h: the DRAM latency of the expert's
+  // rows overlaps the gate+up kernel's tail instead of following it.
+  const int64_t e = experts && !sh ? __ldcg(experts + t * k + j) : 0;
   const int nr = static_cast<int>(H - d0 < kMatRows ? H - d0 : kMatRows);
   float acc[kMatRows][1];
   const W* wr = (sh ? sd : wd) + (e * H + d0) * I;
   const float* hs = h + slot * I;
-  warp_rows<W, 1, kMatRows, 2>([wr, I](int q) { return wr + q * I; }, nr, I,
-                               [hs](int) { return hs; }, 1, acc);
+  if (ids_settled)
+    warp_rows<W, 1, kMatRows, 2>([wr, I](int q) { return wr + q * I; }, nr, I,
+                                 [hs](int) { return hs; }, 1, acc, [] { pdl_wait(); });
+  else
+    warp_rows<W, 1, kMatRows, 2>([wr, I](int q) { return wr + q * I; }, nr, I,
+                                 [hs](int) { return hs; }, 1, acc);
 #pragma unroll
   for (int q = 0; q < kMatRows; ++q) {
     const float v = warp_sum(acc[q][0]);
@@ -613,8 +643,9 @@ __global__ void __cluster_dims__(kCombineSplit, 1, 1) __launch_bounds__(kCombine
                        const float* __restrict__ gate, int64_t gate_stride,
                        const float* __restrict__ x_in, float* __restrict__ x,
                        const float* __restrict__ norm, float eps, float* __restrict__ xn,
-                       float* const* rows_out) {
-  pdl_enter();
+                       float* const* rows_out, bool routing_settled) {
+  pdl_launch_next();
+  if (!routing_settled) pdl_wait();  // else once the routing below is known (ops.h)
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   __shared__ int order[64], eid[64];
@@ -622,18 +653,22 @@ __global__ void __cluster_dims__(kCombineSplit, 1, 1) __launch_bounds__(kCombine
   __shared__ float scratch[kCombineThreads / kWarp], part[1];
   const int64_t t = blockIdx.x / kCombineSplit, kk = shared_in_o ? k + 1 : k;
   const int b = static_cast<int>(cluster.block_rank());
-  if (threadIdx.x < k) eid[threadIdx.x] = experts[t * k + threadIdx.x];
+  // Routing, gate and residual: final before this kernel's wait when routing_settled (__ldcg:
+  // from L2, where the kernels that wrote them left them).
+  if (threadIdx.x < k) eid[threadIdx.x] = __ldcg(experts + t * k + threadIdx.x);
   __syncthreads();
   if (threadIdx.x < k) {  // the stable order of the ids: ties (none for top-k) by slot
     const int j = threadIdx.x, e = eid[j];
     int rank = 0;
     for (int i = 0; i < k; ++i) rank += eid[i] < e || (eid[i] == e && i < j);
     order[rank] = j;
-    wo[rank] = w[t * k + j];
+    wo[rank] = __ldcg(w + t * k + j);
   }
+  const bool has_sh = shared_in_o || shared != nullptr;
+  const float gs = has_sh ? 1.0f / (1.0f + expf(-__ldcg(gate + t * gate_stride))) : 0.0f;
+  pdl_wait();  // o (and shared) come from the kernels just before
   __syncthreads();
   const float* sh = shared_in_o ? o + (t * kk + k) * H : shared ? shared + t * H : nullptr;
-  const float gs = sh ? 1.0f / (1.0f + expf(-gate[t * gate_stride])) : 0.0f;
   float* xr = x + t * H;
   const float* xi = x_in != nullptr ? x_in + t * H : xr;
   const int64_t per = (H + kCombineSplit - 1) / kCombineSplit;
@@ -940,6 +975,7 @@ __device__ __forceinline__ void delta_block(
   float s[kDeltaMaxRows];
 #pragma unroll
   for (int m = 0; m < kDeltaMaxRows; ++m) s[m] = m < rows && live ? Sh[(i0 + m) * Dv + j] : 0.0f;
+  pdl_wait();  // q, k, v, g, beta come from the kernel before (a no-op if the caller waited)
   for (int64_t t = t0; t < t1; ++t) {
     const float* kt = k + (t * Hk + h / r) * Dk;
     const float* qt = q + (t * Hk + h / r) * Dk;
@@ -1005,8 +1041,9 @@ __global__ void delta_rule_seqs_kernel(const float* __restrict__ q, const float*
                                        const float* __restrict__ beta,
                                        const int32_t* __restrict__ starts, float* const* S,
                                        float* const* S_hist, int64_t Hk, int64_t Hv, int64_t Dk,
-                                       int64_t Dv, float* __restrict__ out) {
-  pdl_enter();
+                                       int64_t Dv, bool early, float* __restrict__ out) {
+  pdl_launch_next();
+  if (!early) pdl_wait();  // else delta_block waits once its state is in registers
   const int64_t groups = (Dv + kWarp - 1) / kWarp;
   const int64_t h = blockIdx.x / groups, j0 = (blockIdx.x % groups) * kWarp;
   float* hist = S_hist != nullptr ? S_hist[blockIdx.y] : nullptr;
@@ -1578,8 +1615,9 @@ __global__ void __launch_bounds__(kPrepThreads)
                     const float* __restrict__ dt_bias, const float* __restrict__ neg_exp_a,
                     float q_scale, float* __restrict__ q, float* __restrict__ kk,
                     float* __restrict__ v, float* __restrict__ z, float* __restrict__ beta,
-                    float* __restrict__ g) {
-  pdl_enter();
+                    float* __restrict__ g, bool early) {
+  pdl_launch_next();
+  if (!early) pdl_wait();  // else after the conv state and weights are loaded
   __shared__ float scratch[kPrepThreads / kWarp];
   const int64_t kd = Hk * Dk, Hv = Hk * r, C = 2 * kd + Hv * Dv, G = 2 * Dk + 2 * r * Dv;
   const int64_t W = Hk * G + Hk * 2 * r, slot = blockIdx.x, seq = blockIdx.y;
@@ -1598,8 +1636,11 @@ __global__ void __launch_bounds__(kPrepThreads)
   for (int m = 0; m < kMaxConv; ++m) {
     win[m] = live && m < K - 1 ? st[m * C + c] : 0.0f;
     wc[m] = live && m < K ? w[c * K + m] : 0.0f;
-    if (live && hs != nullptr && m < K - 1) hs[m * C + c] = win[m];
   }
+  pdl_wait();  // PB comes from the kernel before; nothing is written before this
+#pragma unroll
+  for (int m = 0; m < kMaxConv; ++m)
+    if (live && hs != nullptr && m < K - 1) hs[m * C + c] = win[m];
   const int64_t t0 = starts[seq], t1 = starts[seq + 1];
   for (int64_t t = t0; t < t1; ++t) {
     const float* P = PB + t * W;
@@ -1831,7 +1872,7 @@ void expert_gate_up(DType wtype, const void* wg, const void* wu, int64_t I, int6
 
 void expert_down(DType wtype, const void* wd, int64_t H, int64_t I, const int32_t* experts,
                  int64_t k, const float* h, int64_t n, float* o, cudaStream_t stream,
-                 const void* shared_d) {
+                 const void* shared_d, bool follows_gate_up) {
   TF_CUDA_REQUIRE(I % 8 == 0, "expert_down: I must be a multiple of 8");
   if (!experts) k = 1, shared_d = nullptr;
   const int64_t kk = shared_d ? k + 1 : k;
@@ -1844,10 +1885,10 @@ void expert_down(DType wtype, const void* wd, int64_t H, int64_t I, const int32_
   if (wtype == DType::kBF16)
     launch(expert_down_kernel<__nv_bfloat16>, grid, threads, 0, stream,
            static_cast<const __nv_bfloat16*>(wd), static_cast<const __nv_bfloat16*>(shared_d), H, I,
-           experts, k, h, o);
+           experts, k, h, o, follows_gate_up);
   else if (wtype == DType::kF32)
     launch(expert_down_kernel<float>, grid, threads, 0, stream, static_cast<const float*>(wd),
-           static_cast<const float*>(shared_d), H, I, experts, k, h, o);
+           static_cast<const float*>(shared_d), H, I, experts, k, h, o, follows_gate_up);
   else
     TF_CUDA_REQUIRE(false, "expert_down: bf16 or f32 weights");
   TF_CUDA_CHECK(cudaGetLastError());
@@ -1898,12 +1939,13 @@ void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd
 void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t n, int64_t k,
                  int64_t H, const float* shared, bool shared_in_o, const float* gate,
                  int64_t gate_stride, float* x, const float* norm, float eps, float* xn,
-                 cudaStream_t stream, const float* x_in, float* const* rows_out) {
+                 cudaStream_t stream, const float* x_in, float* const* rows_out,
+                 bool routing_settled) {
   TF_CUDA_REQUIRE(k <= 64, "moe_combine: at most 64 experts per token");
   if (n == 0) return;
   launch(moe_combine_kernel, static_cast<unsigned>(n * kCombineSplit), kCombineThreads, 0, stream,
          o, experts, w, k, H, shared, shared_in_o, gate, gate_stride, x_in, x, norm, eps, xn,
-         rows_out);
+         rows_out, routing_settled);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1963,7 +2005,7 @@ void delta_rule_seqs(const float* q, const float* k, const float* v, const float
   const dim3 grid(static_cast<unsigned>(Hv * ((Dv + kWarp - 1) / kWarp)),
                   static_cast<unsigned>(nseq));
   launch(delta_rule_seqs_kernel, grid, kDeltaWarps * kWarp, 0, stream, q, k, v, g, beta, starts, S,
-         S_hist, Hk, Hv, Dk, Dv, out);
+         S_hist, Hk, Hv, Dk, Dv, states_settled(stream), out);
   TF_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -2158,7 +2200,7 @@ void gdn_prep(const float* PB, const int32_t* starts, float* const* state, float
   if (nseq == 0) return;
   const dim3 grid(static_cast<unsigned>(2 * Hk + Hk * r), static_cast<unsigned>(nseq));
   launch(gdn_prep_kernel, grid, kPrepThreads, 0, stream, PB, starts, state, hist, conv_w, Hk, Dk, r,
-         Dv, K, dt_bias, neg_exp_a, q_scale, q, k, v, z, beta, g);
+         Dv, K, dt_bias, neg_exp_a, q_scale, q, k, v, z, beta, g, states_settled(stream));
   TF_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -123,9 +123,13 @@ void expert_gate_up(DType wtype, const void* wg, const void* wu, int64_t I, int6
 // Down: o[t, j] = wd[e] h[t, j] for each token and slot; h [n, k, I], o [n, k, H].
 // With shared_d ([H, I]): slot k of each token is the shared expert's, h [n, k + 1, I] and o
 // [n, k + 1, H].
+// follows_gate_up: this launch comes right after expert_gate_up on the same stream, and
+// `experts` was written before that launch. expert_gate_up lets the next kernel start only once
+// every kernel before it has completed, so the ids can be read, and the experts' first weights
+// asked for, while gate+up still runs.
 void expert_down(DType wtype, const void* wd, int64_t H, int64_t I, const int32_t* experts,
                  int64_t k, const float* h, int64_t n, float* o, cudaStream_t stream,
-                 const void* shared_d = nullptr);
+                 const void* shared_d = nullptr, bool follows_gate_up = false);
 // Grouped experts for many tokens: each expert's weights read once per tile of up to 8 of its
 // slots (instead of once per slot). moe_group sorts the n k slots of `experts` by expert
 // (ascending slots within one) into sorted [n k] and lists the tiles (int4 {expert, begin,
@@ -148,11 +152,14 @@ void grouped_experts(DType wtype, const void* wg, const void* wu, const void* wd
 // o [n, k, H], experts, w [n, k], shared [n, H] or none, x, xn [n, H]. shared_in_o: o is [n, k + 1,
 // H] with the shared expert's output in slot k (then `shared` is not read). A cluster of 8 blocks
 // per token; the norm's sum of squares is the 8 blocks' partials added in block order.
+// routing_settled: this launch comes right after expert_down, which came right after
+// expert_gate_up (see expert_down), and experts, w and gate were written before expert_gate_up's
+// launch: the kernel reads and orders the routing before waiting for o.
 void moe_combine(const float* o, const int32_t* experts, const float* w, int64_t n, int64_t k,
                  int64_t H, const float* shared, bool shared_in_o, const float* gate,
                  int64_t gate_stride, float* x, const float* norm, float eps, float* xn,
-                 cudaStream_t stream, const float* x_in = nullptr,
-                 float* const* rows_out = nullptr);
+                 cudaStream_t stream, const float* x_in = nullptr, float* const* rows_out = nullptr,
+                 bool routing_settled = false);
 
 // The attention block's row-local work in one kernel, from the stacked projection qkv [n, nh 2 D +
 // 2 n_kv D] (per head [query D | gate D], then k, then v): q = rope(rmsnorm_zc(query, q_norm))
