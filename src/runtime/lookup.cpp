@@ -1,6 +1,7 @@
 #include "runtime/lookup.h"
 
 #include <algorithm>
+#include <bit>
 
 namespace tf {
 namespace {
@@ -35,33 +36,60 @@ std::vector<int32_t> lookup_drafts(std::span<const int32_t> head, std::span<cons
   return {};
 }
 
-size_t LookupIndex::KeyHash::operator()(const Key& k) const {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
-  for (int32_t v : k) h = (h ^ static_cast<uint32_t>(v)) * 1099511628211ull;
-  return static_cast<size_t>(h);
+uint64_t LookupIndex::hash(int64_t start, int n) const {
+  uint64_t h = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(n + 1);
+  for (int m = 0; m < n; ++m)
+    h = (h ^ static_cast<uint32_t>(toks_[start + m])) * 0xff51afd7ed558ccdull;
+  return h ^ (h >> 29);
 }
 
-LookupIndex::Key LookupIndex::key(int64_t start, int n) const {
-  Key k{};
-  k[0] = n;
-  for (int m = 0; m < n; ++m) k[1 + m] = toks_[start + m];
-  return k;
+size_t LookupIndex::find(int64_t start, int n, uint64_t h) const {
+  const size_t mask = slots_.size() - 1;
+  const uint32_t tag = tag_of(h, n);
+  for (size_t i = h & mask;; i = (i + 1) & mask) {  // linear probing; never full
+    const Slot& s = slots_[i];
+    if (s.start1 == 0) return i;
+    if (s.tag == tag && std::equal(toks_.begin() + start, toks_.begin() + start + n,
+                                   toks_.begin() + (s.start1 - 1)))
+      return i;
+  }
+}
+
+void LookupIndex::grow(size_t capacity) {
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(capacity, Slot{});
+  for (const Slot& s : old) {
+    if (s.start1 == 0) continue;
+    const int64_t start = s.start1 - 1;
+    const int n = static_cast<int>(s.tag & 7u);
+    slots_[find(start, n, hash(start, n))] = s;
+  }
+}
+
+void LookupIndex::insert(int64_t start, int n) {
+  if (2 * (used_ + 1) > slots_.size()) grow(std::max<size_t>(64, 2 * slots_.size()));
+  const uint64_t h = hash(start, n);
+  Slot& s = slots_[find(start, n, h)];
+  used_ += s.start1 == 0;
+  s = Slot{static_cast<int32_t>(start + 1), tag_of(h, n)};  // the latest start
 }
 
 std::vector<int32_t> LookupIndex::drafts(int max_tokens) {
   const int64_t L = static_cast<int64_t>(toks_.size());
-  if (L - indexed_ > 64)
-    latest_.reserve(latest_.size() + (kLookupMaxN - kLookupMinN + 1) * (L - indexed_));
+  // Room for every n-gram of the tokens not indexed yet (a prompt's first lookup: one growth).
+  const size_t want = used_ + static_cast<size_t>(kLookupMaxN - kLookupMinN + 1) * (L - indexed_);
+  if (2 * want > slots_.size()) grow(std::bit_ceil(std::max<size_t>(64, 2 * want)));
   for (; indexed_ < L; ++indexed_) {
     // Token t = indexed_ gives the n-grams that end just before it a follower.
     const int64_t t = indexed_;
-    for (int n = kLookupMinN; n <= kLookupMaxN && n <= t; ++n) latest_[key(t - n, n)] = t - n;
+    for (int n = kLookupMinN; n <= kLookupMaxN && n <= t; ++n) insert(t - n, n);
   }
-  if (max_tokens <= 0) return {};
+  if (max_tokens <= 0 || slots_.empty()) return {};
   for (int64_t n = std::min<int64_t>(kLookupMaxN, L - 1); n >= kLookupMinN; --n) {
-    const auto it = latest_.find(key(L - n, static_cast<int>(n)));
-    if (it != latest_.end())
-      return follow([this](int64_t i) { return toks_[i]; }, L, it->second + n, max_tokens);
+    const int64_t start = L - n;
+    const Slot& s = slots_[find(start, static_cast<int>(n), hash(start, static_cast<int>(n)))];
+    if (s.start1 != 0)
+      return follow([this](int64_t i) { return toks_[i]; }, L, s.start1 - 1 + n, max_tokens);
   }
   return {};
 }

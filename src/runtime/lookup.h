@@ -9,13 +9,13 @@
 #include <cstdint>
 #include <optional>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 namespace tf {
 
 // n-gram lengths tried, longest first.
 inline constexpr int kLookupMinN = 2, kLookupMaxN = 4;
+static_assert(kLookupMaxN < 8, "LookupIndex keeps n in three bits");
 
 // The context is `head` followed by `tail` (a prompt and the reply so far, whose last token is the
 // next one fed). For n = max_n down to min_n: the most recent earlier occurrence of the context's
@@ -31,9 +31,11 @@ std::vector<int32_t> lookup_drafts(std::span<const int32_t> head, std::span<cons
 // O(max_n) per token and per lookup instead of a scan of the context: the latest start of every
 // n-gram that has a token after it, by its tokens. The n-grams are indexed when drafts() is
 // called, not when tokens are appended, so a request that never asks (a batch above
-// --draft-max-streams, a reply that ends first) never pays for its prompt's index: an insert per
-// n-gram, 24 us for a 100-token prompt and 0.82 ms for 2000 tokens on the development VM (the
-// drafting bench's several-stream prose rows paid it once per request, docs/PERFORMANCE.md).
+// --draft-max-streams, a reply that ends first) never pays for its prompt's index.
+// The table is open addressing over the token array itself: a slot holds an n-gram's latest start
+// and its n with hash bits, and the tokens are compared in place, so an insert allocates nothing
+// (a node-based map allocated one per n-gram: its first lookup cost 11.7 us for a 100-token prompt
+// and 249 us for 2000 on the development VM, `bench/lookup_bench`; docs/PERFORMANCE.md).
 class LookupIndex {
  public:
   void append(int32_t token) { toks_.push_back(token); }
@@ -46,14 +48,23 @@ class LookupIndex {
   size_t size() const { return toks_.size(); }
 
  private:
-  using Key = std::array<int32_t, kLookupMaxN + 1>;  // n, then the n tokens (unused: 0)
-  struct KeyHash {
-    size_t operator()(const Key& k) const;
+  // start + 1 (0: empty); tag: the hash's high bits with n in the low 3.
+  struct Slot {
+    int32_t start1 = 0;
+    uint32_t tag = 0;
   };
-  Key key(int64_t start, int n) const;
+  uint64_t hash(int64_t start, int n) const;
+  static uint32_t tag_of(uint64_t h, int n) {
+    return (static_cast<uint32_t>(h >> 32) & ~7u) | static_cast<uint32_t>(n);
+  }
+  // The slot of the n-gram toks_[start, start + n): its own, or the empty one where it would go.
+  size_t find(int64_t start, int n, uint64_t h) const;
+  void insert(int64_t start, int n);
+  void grow(size_t capacity);
   std::vector<int32_t> toks_;
-  std::unordered_map<Key, int64_t, KeyHash> latest_;  // n-gram -> its latest start with a follower
-  int64_t indexed_ = 0;  // toks_[0, indexed_) are in latest_ (the n-grams before each)
+  std::vector<Slot> slots_;  // a power of two, at most half full
+  size_t used_ = 0;
+  int64_t indexed_ = 0;  // toks_[0, indexed_) are indexed (the n-grams before each)
 };
 
 // Whether a sequence's prompt lookups hold, learned at no cost: a lookup that matched but is not

@@ -94,6 +94,25 @@ TEST(Lookup, IndexAskedNowAndThenEqualsTheScan) {
   }
 }
 
+// A long context of many distinct n-grams (the table grows many times, between lookups and within
+// one catch-up) still gives the scan's drafts.
+TEST(Lookup, LongIndexEqualsTheScan) {
+  std::mt19937 rng(17);
+  LookupIndex index;
+  std::vector<int32_t> seq;
+  while (seq.size() < 6000) {
+    std::vector<int32_t> run(1 + rng() % 300);
+    for (auto& t : run) t = static_cast<int32_t>(rng() % 30000);
+    if (seq.size() > 400 && rng() % 3 == 0) {  // an earlier stretch again: lookups hold
+      const size_t from = rng() % (seq.size() - run.size());
+      std::copy_n(seq.begin() + static_cast<int64_t>(from), run.size(), run.begin());
+    }
+    seq.insert(seq.end(), run.begin(), run.end());
+    index.append(run);
+    ASSERT_EQ(index.drafts(12), lookup_drafts({}, seq, 12)) << "length " << seq.size();
+  }
+}
+
 // LookupHits: shadows resolve at their first draft that differs (or once all held), a lookup is
 // promising only once one held kOpenHits tokens or the mean held per lookup reaches kMinMean,
 // and the depth follows what held. (Checked to fail with promising() always true: the first
