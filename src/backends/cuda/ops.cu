@@ -653,8 +653,8 @@ __global__ void __cluster_dims__(kCombineSplit, 1, 1) __launch_bounds__(kCombine
   __shared__ float scratch[kCombineThreads / kWarp], part[1];
   const int64_t t = blockIdx.x / kCombineSplit, kk = shared_in_o ? k + 1 : k;
   const int b = static_cast<int>(cluster.block_rank());
-  // Routing, gate and residual: final before this kernel's wait when routing_settled (__ldcg:
-  // from L2, where the kernels that wrote them left them).
+  // The routing and the shared expert's gate: final before this kernel's wait when
+  // routing_settled (__ldcg: from L2, where the kernels that wrote them left them).
   if (threadIdx.x < k) eid[threadIdx.x] = __ldcg(experts + t * k + threadIdx.x);
   __syncthreads();
   if (threadIdx.x < k) {  // the stable order of the ids: ties (none for top-k) by slot

@@ -202,7 +202,9 @@ void conv_silu_seqs(const float* xc, const int32_t* starts, float* const* state,
 // delta_rule_recurrent over nseq sequences (tokens starts[s] .. starts[s+1], state S[s]); each
 // value column's arithmetic is delta_rule_recurrent's. S_hist (nullptr, or a table whose
 // entries may be null): sequence s's states after each of its tokens, [T_s, Hv, Dk, Dv] (for a
-// verify step's rollback).
+// verify step's rollback). While the stream is being captured into a CUDA graph, each block reads
+// its part of S before waiting on the kernel before (ops.cu, states_settled); so does gdn_prep
+// with the conv state.
 void delta_rule_seqs(const float* q, const float* k, const float* v, const float* g,
                      const float* beta, const int32_t* starts, float* const* S,
                      float* const* S_hist, int64_t nseq, int64_t Hk, int64_t Hv, int64_t Dk,
