@@ -3,7 +3,7 @@
 //   ./build/release/bench/lookup_bench
 // Tokens: a prompt of text-like ids (Zipf-distributed over a 32k vocabulary, so that short n-grams
 // repeat as in prose), fixed seed.
-#include <cmath>
+#include <cstdint>
 #include <random>
 #include <vector>
 

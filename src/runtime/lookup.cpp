@@ -67,7 +67,6 @@ void LookupIndex::grow(size_t capacity) {
 }
 
 void LookupIndex::insert(int64_t start, int n) {
-  if (2 * (used_ + 1) > slots_.size()) grow(std::max<size_t>(64, 2 * slots_.size()));
   const uint64_t h = hash(start, n);
   Slot& s = slots_[find(start, n, h)];
   used_ += s.start1 == 0;
@@ -76,7 +75,8 @@ void LookupIndex::insert(int64_t start, int n) {
 
 std::vector<int32_t> LookupIndex::drafts(int max_tokens) {
   const int64_t L = static_cast<int64_t>(toks_.size());
-  // Room for every n-gram of the tokens not indexed yet (a prompt's first lookup: one growth).
+  // Room for every n-gram of the tokens not indexed yet, so that the table stays at most half
+  // full through the inserts below (a prompt's first lookup: one growth).
   const size_t want = used_ + static_cast<size_t>(kLookupMaxN - kLookupMinN + 1) * (L - indexed_);
   if (2 * want > slots_.size()) grow(std::bit_ceil(std::max<size_t>(64, 2 * want)));
   for (; indexed_ < L; ++indexed_) {

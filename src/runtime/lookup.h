@@ -34,8 +34,9 @@ std::vector<int32_t> lookup_drafts(std::span<const int32_t> head, std::span<cons
 // --draft-max-streams, a reply that ends first) never pays for its prompt's index.
 // The table is open addressing over the token array itself: a slot holds an n-gram's latest start
 // and its n with hash bits, and the tokens are compared in place, so an insert allocates nothing
-// (a node-based map allocated one per n-gram: its first lookup cost 11.7 us for a 100-token prompt
-// and 249 us for 2000 on the development VM, `bench/lookup_bench`; docs/PERFORMANCE.md).
+// (a node-based map allocated one per n-gram: its first lookup cost 9.4-11.0 us for a 100-token
+// prompt and 262-282 us for 2000 on the development VM against 1.25-1.35 and 24-26 us now,
+// `bench/lookup_bench`; docs/PERFORMANCE.md, "The prompt-lookup index without a node per n-gram").
 class LookupIndex {
  public:
   void append(int32_t token) { toks_.push_back(token); }
@@ -59,6 +60,7 @@ class LookupIndex {
   }
   // The slot of the n-gram toks_[start, start + n): its own, or the empty one where it would go.
   size_t find(int64_t start, int n, uint64_t h) const;
+  // Records `start` as the n-gram's latest; drafts() has made room first.
   void insert(int64_t start, int n);
   void grow(size_t capacity);
   std::vector<int32_t> toks_;
