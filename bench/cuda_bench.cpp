@@ -5,6 +5,10 @@
 //   cuda_bench --model models/tiny-next
 //   cuda_bench --config bench/qwen3-next-80b-a3b-24l.json --load-format dummy
 //
+// Each batch has two decode rows: "decode" (CudaModel::forward_greedy: the host reads a step's
+// tokens, then launches the next) and "decode, chained" (launch_greedy, chained: the next step is
+// launched, its tokens read on the device, before the host reads this one's; the same kernels).
+//
 // Options: --batches 1,8,32  --steps 64 (timed decode steps per batch)  --prompt 32 (prefill of
 // each decode sequence)  --prefill 512 (the prefill measurement's tokens)  --no-graphs  --kernels
 // (first, a table of the decode kernels one by one at the model's shapes)  --engine (with --model:
@@ -659,7 +663,7 @@ int run(int argc, char** argv) {
     std::vector<int32_t> next(B);
     for (int i = 0; i < B; ++i) {
       st[i] = m->new_state();
-      m->reserve(&st[i], prompt + steps + 8);
+      m->reserve(&st[i], prompt + 3 * steps + 8);
       std::vector<int32_t> p(prompt);
       for (auto& t : p) t = tok(rng);
       std::vector<int32_t> out;
@@ -676,21 +680,43 @@ int run(int argc, char** argv) {
         next = out;
       }
     };
+    // The same steps with the host reading each step's tokens while the device runs the next
+    // (CudaModel::launch_greedy, chained): the host's work between steps off the critical path.
+    auto decode_chained = [&](int n) {
+      std::vector<CudaStepInput> in;
+      for (int i = 0; i < B; ++i) in.push_back({&st[i], std::span(&next[i], 1), false});
+      m->launch_greedy(in);
+      std::vector<int32_t> out;
+      for (int s = 1; s < n; ++s) {
+        m->launch_greedy(in, /*chained=*/true);
+        out.clear();
+        m->take_greedy(&out);
+      }
+      out.clear();
+      m->take_greedy(&out);
+      next = out;
+    };
     decode(3);  // the first decode step of B rows captures its graph
-    const double a = now_s();
-    decode(steps);
-    const double dt = (now_s() - a) / steps;
     const double E = static_cast<double>(c.num_experts),
                  k = static_cast<double>(c.num_experts_per_tok);
     const double distinct = B == 1 ? k : E * (1.0 - std::pow(1.0 - k / E, B));
-    const double ctx = prompt + 3 + steps / 2.0;
-    const double bytes =
-        static_cast<double>(wb.dense + wb.lm_head) + static_cast<double>(wb.embed_row) * B +
-        distinct * static_cast<double>(wb.expert * wb.moe_layers) + B * (state_gdn + kv_pos * ctx);
-    const double gbs = bytes / dt / 1e9;
-    std::printf("| decode%s | %d | %.1f | %.3f | %.3f | %.0f | %.1f |\n",
-                graphs ? "" : " (no graphs)", B, B / dt, dt * 1e3, bytes / 1e9, gbs,
-                100.0 * gbs / bw);
+    // A row of the table: `n` steps of `run` from context `ctx0`.
+    auto row = [&](const char* name, auto&& run, int n, double ctx0) {
+      const double a = now_s();
+      run(n);
+      const double dt = (now_s() - a) / n;
+      const double ctx = ctx0 + n / 2.0;
+      const double bytes = static_cast<double>(wb.dense + wb.lm_head) +
+                           static_cast<double>(wb.embed_row) * B +
+                           distinct * static_cast<double>(wb.expert * wb.moe_layers) +
+                           B * (state_gdn + kv_pos * ctx);
+      const double gbs = bytes / dt / 1e9;
+      std::printf("| %s%s | %d | %.1f | %.3f | %.3f | %.0f | %.1f |\n", name,
+                  graphs ? "" : " (no graphs)", B, B / dt, dt * 1e3, bytes / 1e9, gbs,
+                  100.0 * gbs / bw);
+    };
+    row("decode", decode, steps, prompt + 3);
+    row("decode, chained", decode_chained, steps, prompt + 3 + steps);
     if (step_times) {
       m->set_step_times(true);
       const double t0 = now_s();

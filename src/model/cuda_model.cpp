@@ -471,6 +471,12 @@ CudaModel::~CudaModel() {
   for (void* e : step_events_)
     if (e != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   device_heap().free(pinned_);
+  for (auto* ring : {&table_stage_, &greedy_}) {
+    for (PinnedSlot& p : *ring) {
+      if (p.done != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(p.done));
+      device_heap().free(p.host);
+    }
+  }
   if (stream_) cudaStreamDestroy(as_stream(stream_));
 }
 
@@ -720,7 +726,7 @@ struct CudaModel::Table {
 };
 
 int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, int64_t* nseq_out,
-                           bool* mtp_out) {
+                           bool* mtp_out, const int32_t* ids_on_device) {
   const ModelConfig& c = config();
   const cudaStream_t s = as_stream(stream_);
   int64_t N = 0, R = 0;
@@ -827,8 +833,15 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
   }
   starts[nseq] = static_cast<int32_t>(t);
   uint64_t* d = grow_tracked(table_, host_table_.size());
-  TF_CUDA_CHECK(cudaMemcpyAsync(d, host_table_.data(), host_table_.size() * sizeof(uint64_t),
-                                cudaMemcpyHostToDevice, s));
+  const size_t bytes = host_table_.size() * sizeof(uint64_t);
+  PinnedSlot& stage = table_stage_[table_next_];
+  table_next_ ^= 1;
+  std::memcpy(claim(stage, bytes), host_table_.data(), bytes);
+  TF_CUDA_CHECK(cudaMemcpyAsync(d, stage.host, bytes, cudaMemcpyHostToDevice, s));
+  mark(stage, stream_);
+  if (ids_on_device != nullptr)  // the tokens are on the device already (launch_greedy, chained)
+    TF_CUDA_CHECK(cudaMemcpyAsync(d + tb.ids, ids_on_device, N * sizeof(int32_t),
+                                  cudaMemcpyDeviceToDevice, s));
   for (const auto& i : in) i.state->n_past += static_cast<int64_t>(i.tokens.size());
   return R;
 }
@@ -933,7 +946,7 @@ size_t CudaModel::device_memory_bytes() const {
   return total_b;
 }
 
-int64_t CudaModel::step(std::span<const CudaStepInput> in) {
+int64_t CudaModel::step(std::span<const CudaStepInput> in, const int32_t* ids) {
   // Decode rows and verify steps (the engine's steady state) replay a graph per shape; prompt
   // pieces, whose shapes vary, launch their kernels.
   bool graph = true;
@@ -946,7 +959,7 @@ int64_t CudaModel::step(std::span<const CudaStepInput> in) {
   const cudaStream_t s = as_stream(stream_);
   const bool timed = step_events_[0] != nullptr;
   if (timed) TF_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(step_events_[0]), s));
-  const int64_t R = prepare(in, &N, &nseq, &mtp);
+  const int64_t R = prepare(in, &N, &nseq, &mtp, ids);
   if (N == 0) return 0;
   auto run = [&] { enqueue(N, nseq, R, mtp); };
   if (timed) TF_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(step_events_[1]), s));
@@ -991,19 +1004,70 @@ void* CudaModel::pinned(size_t bytes) {
 
 void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
                                std::vector<int32_t>* tokens) {
+  launch_greedy(inputs);
+  take_greedy(tokens);
+}
+
+void* CudaModel::claim(PinnedSlot& p, size_t bytes) {
+  if (p.done != nullptr) TF_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(p.done)));
+  if (p.bytes < bytes) {
+    device_heap().free(p.host);
+    p.bytes = std::max(bytes, 2 * p.bytes);
+    p.host = device_heap().alloc(p.bytes, BufferKind::kHost);
+  }
+  return p.host;
+}
+
+void CudaModel::mark(PinnedSlot& p, void* stream) {
+  if (p.done == nullptr) {
+    cudaEvent_t e;
+    TF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    p.done = e;
+  }
+  TF_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(p.done), as_stream(stream)));
+}
+
+void CudaModel::launch_greedy(std::span<const CudaStepInput> inputs, bool chained) {
   const cudaStream_t s = as_stream(stream_);
-  const int64_t R = step(inputs), V = config().vocab_size;
+  TF_CUDA_REQUIRE(greedy_n_ < 2, "launch_greedy: two steps launched and not taken");
+  const bool timed = step_events_[0] != nullptr;
+  if (chained) {
+    TF_CUDA_REQUIRE(greedy_rows_ == static_cast<int64_t>(inputs.size()),
+                    "launch_greedy(chained): not as many rows as the step before");
+    TF_CUDA_REQUIRE(!timed, "launch_greedy(chained): step times are taken one step at a time");
+    for (const CudaStepInput& i : inputs)
+      TF_CUDA_REQUIRE(i.tokens.size() == 1 && !i.verify && !i.all_logits && !i.state->has_mtp,
+                      "launch_greedy(chained): a row that is not one token of a state without "
+                      "the MTP head");
+  }
+  // The previous step's argmax (argmax_, row i its row i's token), before this step's tables
+  // land: prepare() copies them (ids written from `inputs`) and the chained ids overwrite theirs.
+  const int32_t* previous = argmax_.data();
+  const int64_t R = step(inputs, chained ? previous : nullptr), V = config().vocab_size;
+  greedy_rows_ = R;
+  PinnedSlot& out = greedy_[(greedy_first_ + greedy_n_) % 2];
+  out.rows = R;
+  ++greedy_n_;
   if (R == 0) return;
   int32_t* d = grow_tracked(argmax_, R);
   cuda::argmax_rows(scratch_[kLogits].data(), R, V, d, s, nullptr,
                     scratch(kArgmaxWork, cuda::argmax_work_floats(R, V)));
-  // Through pinned memory too: a pageable destination makes even these few bytes a staged copy.
-  auto* host = static_cast<int32_t*>(pinned(R * sizeof(int32_t)));
-  TF_CUDA_CHECK(cudaMemcpyAsync(host, d, R * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+  // Through pinned memory: a pageable destination makes even these few bytes a staged copy.
+  TF_CUDA_CHECK(cudaMemcpyAsync(claim(out, R * sizeof(int32_t)), d, R * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, s));
+  if (timed) TF_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(step_events_[3]), s));
+  mark(out, stream_);
+}
+
+void CudaModel::take_greedy(std::vector<int32_t>* tokens) {
+  TF_CUDA_REQUIRE(greedy_n_ > 0, "take_greedy: no step launched");
+  PinnedSlot& out = greedy_[greedy_first_];
+  greedy_first_ = (greedy_first_ + 1) % 2;
+  --greedy_n_;
+  if (out.rows == 0) return;
+  TF_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(out.done)));
   if (step_events_[0] != nullptr) {
     auto ev = [&](int i) { return static_cast<cudaEvent_t>(step_events_[i]); };
-    TF_CUDA_CHECK(cudaEventRecord(ev(3), s));
-    TF_CUDA_CHECK(cudaEventSynchronize(ev(3)));
     float a = 0, b = 0, c = 0;
     TF_CUDA_CHECK(cudaEventElapsedTime(&a, ev(0), ev(1)));
     TF_CUDA_CHECK(cudaEventElapsedTime(&b, ev(1), ev(2)));
@@ -1011,8 +1075,8 @@ void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
     ++step_times_.steps;
     step_times_.to_graph_ms += a, step_times_.graph_ms += b, step_times_.argmax_ms += c;
   }
-  TF_CUDA_CHECK(cudaStreamSynchronize(s));
-  tokens->insert(tokens->end(), host, host + R);
+  const auto* host = static_cast<const int32_t*>(out.host);
+  tokens->insert(tokens->end(), host, host + out.rows);
 }
 
 void CudaModel::set_step_times(bool on) {

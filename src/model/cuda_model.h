@@ -195,6 +195,16 @@ class CudaModel {
   // As forward, but the logits stay on the device: appends each logits row's argmax (ties to the
   // lower index) to `tokens`. Greedy decoding without moving [vocab] rows to the host.
   void forward_greedy(std::span<const CudaStepInput> inputs, std::vector<int32_t>* tokens);
+  // forward_greedy in two halves, so that the host reads one step's tokens while the device runs
+  // the next (the host's work between steps leaves the critical path): launch_greedy enqueues a
+  // step and returns without waiting; take_greedy waits for the oldest step launched and not yet
+  // taken and appends its tokens. With `chained`, row i's token is the one the step launched just
+  // before picked for its row i, read on the device: every row one token (no verify row), as many
+  // rows as that step, no MTP head (its rows need the tokens on the host); the tokens in `inputs`
+  // are not read. At most two steps are launched and not taken. The kernels and their inputs are
+  // forward_greedy's, so are the tokens, bit for bit.
+  void launch_greedy(std::span<const CudaStepInput> inputs, bool chained = false);
+  void take_greedy(std::vector<int32_t>* tokens);
   // Computes the MTP head's pending cache rows of `states` (has_mtp, window closed) in one batch:
   // afterwards each has n_past - 1 rows. The rows are those a one-token forward of the head writes
   // (every kernel is split-invariant), so no later result depends on when this ran.
@@ -240,13 +250,14 @@ class CudaModel {
   void finish_init();
   // Host side of a step: grows caches, builds and uploads the tables; returns rows wanting logits.
   // *mtp: some state keeps the MTP head's rows (the step stores its tokens' H for them).
-  int64_t prepare(std::span<const CudaStepInput> in, int64_t* N, int64_t* nseq, bool* mtp);
+  int64_t prepare(std::span<const CudaStepInput> in, int64_t* N, int64_t* nseq, bool* mtp,
+                  const int32_t* ids = nullptr);
   // Device side: every kernel from the embedding to the logits rows (scratch kLogits), then with
   // `mtp` the step's H rows to the states keeping the head, on the stream; depends on the host
   // only through (N, nseq, R, mtp), so it can be captured.
   void enqueue(int64_t N, int64_t nseq, int64_t R, bool mtp);
   // prepare + enqueue (or a graph replay for decode and verify steps); returns R.
-  int64_t step(std::span<const CudaStepInput> in);
+  int64_t step(std::span<const CudaStepInput> in, const int32_t* ids = nullptr);
   void attention_layer(const DevLayer& L, const Table& tb, int64_t N, const float* xn, float* y);
   void deltanet_layer(const DevLayer& L, const Table& tb, int64_t N, int64_t nseq, const float* xn,
                       float* y);
@@ -307,6 +318,22 @@ class CudaModel {
   void* pinned(size_t bytes);
   void* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
+  // A pinned host buffer and the event recorded after the last copy that used it, reused only
+  // once that copy has completed: the step table's staging (two taking turns, so that a step's
+  // table is copied without waiting for the step before, which a copy from pageable memory does),
+  // and launch_greedy's tokens on their way to the host (one per step in flight).
+  struct PinnedSlot {
+    void* host = nullptr;
+    size_t bytes = 0;
+    void* done = nullptr;  // cudaEvent_t, made on first use
+    int64_t rows = 0;      // launch_greedy: the step's tokens
+  };
+  static void* claim(PinnedSlot& p, size_t bytes);  // waits for its last copy, grows it
+  static void mark(PinnedSlot& p, void* stream);    // its copies are those enqueued so far
+  std::array<PinnedSlot, 2> table_stage_, greedy_;
+  int table_next_ = 0;
+  int greedy_first_ = 0, greedy_n_ = 0;  // the oldest step launched and not taken; how many
+  int64_t greedy_rows_ = -1;             // rows of the step launched last
   // Buffers are only ever replaced, never resized in place; each replacement bumps generation_
   // and drops the graphs (they hold the old addresses).
   uint64_t generation_ = 0, graphs_gen_ = 0;

@@ -139,7 +139,7 @@ CudaSequenceState* device_state(SequenceState* s) {
 #endif
 
 void Model::forward_cuda([[maybe_unused]] std::span<const StepInput> inputs,
-                         [[maybe_unused]] std::vector<float>* logits,
+                         [[maybe_unused]] CudaRun how, [[maybe_unused]] std::vector<float>* logits,
                          [[maybe_unused]] std::vector<int32_t>* tokens) const {
 #ifdef TF_HAVE_CUDA
   std::vector<CudaStepInput> in;
@@ -154,11 +154,31 @@ void Model::forward_cuda([[maybe_unused]] std::span<const StepInput> inputs,
       i.state->verify.T = static_cast<int64_t>(i.tokens.size());
     }
   }
-  if (tokens != nullptr)
-    cuda_->forward_greedy(in, tokens);
-  else
-    cuda_->forward(in, logits);
+  switch (how) {
+    case CudaRun::kLogits:
+      cuda_->forward(in, logits);
+      break;
+    case CudaRun::kArgmax:
+      cuda_->forward_greedy(in, tokens);
+      break;
+    case CudaRun::kLaunch:
+    case CudaRun::kLaunchChained:
+      cuda_->launch_greedy(in, how == CudaRun::kLaunchChained);
+      break;
+  }
   for (const StepInput& i : inputs) i.state->n_past = device_state(i.state)->n_past;
+#endif
+}
+
+void Model::launch_argmax(std::span<const StepInput> inputs, bool chained) const {
+  TF_CHECK(on_device(), "launch_argmax: the model is not on a device");
+  forward_cuda(inputs, chained ? CudaRun::kLaunchChained : CudaRun::kLaunch, nullptr, nullptr);
+}
+
+void Model::take_argmax([[maybe_unused]] std::vector<int32_t>* tokens) const {
+  TF_CHECK(on_device(), "take_argmax: the model is not on a device");
+#ifdef TF_HAVE_CUDA
+  cuda_->take_greedy(tokens);
 #endif
 }
 
@@ -298,7 +318,7 @@ SequenceState Model::new_state(BufferObserver* observer, bool mtp) const {
 void Model::forward_argmax(std::span<const StepInput> inputs, std::vector<int32_t>* tokens,
                            ThreadPool* pool) const {
   if (cuda_) {
-    forward_cuda(inputs, nullptr, tokens);
+    forward_cuda(inputs, CudaRun::kArgmax, nullptr, tokens);
     return;
   }
   std::vector<float> logits;
@@ -311,7 +331,7 @@ void Model::forward_argmax(std::span<const StepInput> inputs, std::vector<int32_
 void Model::forward(std::span<const StepInput> inputs, std::vector<float>* logits,
                     ThreadPool* pool) const {
   if (cuda_) {
-    forward_cuda(inputs, logits);
+    forward_cuda(inputs, CudaRun::kLogits, logits, nullptr);
     return;
   }
   if (leader_) leader_->send_forward(inputs);

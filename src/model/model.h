@@ -200,6 +200,14 @@ class Model {
   // back instead of R x vocab floats); on the CPU the same rows as forward's, then the argmax.
   void forward_argmax(std::span<const StepInput> inputs, std::vector<int32_t>* tokens,
                       ThreadPool* pool) const;
+  // forward_argmax on the device in two halves (on_device() only; CudaModel::launch_greedy), so
+  // that the host reads one step's tokens while the device runs the next: launch_argmax enqueues
+  // the step and returns; with `chained`, row i's token is the one the step launched before picked
+  // for its row i (one token per row, as many rows, no verify, no MTP head; the tokens in
+  // `inputs` are not read). take_argmax appends the tokens of the oldest step launched and not
+  // taken. At most two steps are launched and not taken.
+  void launch_argmax(std::span<const StepInput> inputs, bool chained) const;
+  void take_argmax(std::vector<int32_t>* tokens) const;
 
   // Chained MTP drafting (§6), batched over sequences. For each input, step s = 1..k runs the
   // head at position n_past - 2 + s on (h, t): step 1 on (H[n_past - 1], next_token), step s > 1
@@ -295,9 +303,11 @@ class Model {
     void operator()(CudaModel* m) const;
   };
   std::unique_ptr<CudaModel, CudaDeleter> cuda_;
-  // forward() (logits) or forward_argmax() (tokens; the other pointer null) on the device.
-  void forward_cuda(std::span<const StepInput> inputs, std::vector<float>* logits,
-                    std::vector<int32_t>* tokens = nullptr) const;
+  // A step on the device: forward() (logits to the host), forward_argmax() (tokens), or
+  // launch_argmax() (chained or not: the tokens come later, through take_argmax()).
+  enum class CudaRun { kLogits, kArgmax, kLaunch, kLaunchChained };
+  void forward_cuda(std::span<const StepInput> inputs, CudaRun how, std::vector<float>* logits,
+                    std::vector<int32_t>* tokens) const;
 };
 
 }  // namespace tf

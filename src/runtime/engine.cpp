@@ -126,7 +126,8 @@ void Engine::loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
-        return stop_ || wake_ || !cancels_.empty() || sched_.waiting() > 0 || sched_.running() > 0;
+        return stop_ || wake_ || !cancels_.empty() || sched_.waiting() > 0 ||
+               sched_.running() > 0 || in_flight_.has_value();
       });
       if (stop_) break;
       wake = std::exchange(wake_, false);
@@ -134,7 +135,13 @@ void Engine::loop() {
     if (wake) pool_.wake();
     step();
   }
-  // Shutdown: everything still known ends as cancelled.
+  // Shutdown: a chained step still on the device is taken (its tokens dropped), and everything
+  // still known ends as cancelled.
+  if (in_flight_) {
+    std::vector<int32_t> dropped;
+    model_.take_argmax(&dropped);
+    in_flight_.reset();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, a] : incoming_) active_.emplace(id, std::move(a));
@@ -228,6 +235,10 @@ void Engine::admit(const std::vector<uint64_t>& ids) {
 }
 
 void Engine::step() {
+  if (in_flight_) {
+    step_in_flight();
+    return;
+  }
   const auto t_step = std::chrono::steady_clock::now();
   double model_s = 0;  // inside Model::forward and Model::draft
   auto timed = [&model_s](auto&& f) {
@@ -316,10 +327,18 @@ void Engine::step() {
   std::vector<int32_t> tokens;  // an argmax step's rows
   const bool argmax = std::all_of(plan.rows.begin(), plan.rows.end(),
                                   [this](const StepRow& r) { return argmax_row(r); });
-  if (argmax)
+  std::optional<StepPlan> next;  // the step after this one, launched before this one's commit
+  if (argmax && chainable(plan)) {
+    timed([&] {
+      model_.launch_argmax(inputs, /*chained=*/false);
+      next = launch_next(plan);
+      model_.take_argmax(&tokens);
+    });
+  } else if (argmax) {
     timed([&] { model_.forward_argmax(inputs, &tokens, &pool_); });
-  else
+  } else {
     timed([&] { model_.forward(inputs, &logits, &pool_); });
+  }
 
   // Commit: keep states at cut points; sample where a row ends a prompt or decodes (every verify
   // row, up to the first rejected draft); emit; finish; then advance the scheduler by what was
@@ -362,9 +381,11 @@ void Engine::step() {
     }
     observed_.clear();
   }
+  in_flight_ = std::move(next);
   std::lock_guard<std::mutex> lock(mu_);
   sched_.commit(plan);
   ++stats_.steps;
+  stats_.chained_steps += in_flight_.has_value();
   stats_.step_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
   stats_.model_seconds += model_s;
@@ -372,6 +393,76 @@ void Engine::step() {
     stats_.draft_costs.resize(o_.draft_max + 1);
     for (int k = 0; k <= o_.draft_max; ++k) stats_.draft_costs[k] = prior_.cost(k);
   }
+  stats_.pool = states_.stats();
+}
+
+bool Engine::chainable(const StepPlan& plan) const {
+  if (!o_.chain || mtp_ || o_.on_decode_state || !model_.on_device() || plan.empty()) return false;
+  for (const StepRow& r : plan.rows) {
+    auto it = active_.find(r.seq);
+    if (it == active_.end() || !r.decode || r.count != 1 || r.draft != 0 || !argmax_row(r))
+      return false;
+    // The step's token may end the request only as a stop token, never by a limit (take()).
+    const Active& a = *it->second;
+    if (a.internal || a.n_generated + 1 >= a.req.max_tokens || r.begin + 2 >= o_.ctx_size)
+      return false;
+  }
+  // Every running sequence decodes in this step (none has prompt rows still to run).
+  std::lock_guard<std::mutex> lock(mu_);
+  return incoming_.empty() && cancels_.empty() && sched_.waiting() == 0 &&
+         sched_.running() == plan.rows.size();
+}
+
+StepPlan Engine::launch_next(const StepPlan& plan) {
+  StepPlan next = plan;
+  std::vector<StepInput> inputs;
+  for (StepRow& r : next.rows) {
+    ++r.begin;
+    Active& a = *active_.at(r.seq);
+    // a.last is the token before the launched step's: not read (its token is on the device).
+    inputs.push_back(StepInput{.state = &a.state,
+                               .tokens = std::span<const int32_t>(&a.last, 1),
+                               .verify = false,
+                               .form = DeltaForm::kRecurrent});
+  }
+  model_.launch_argmax(inputs, /*chained=*/true);
+  return next;
+}
+
+// The chained step in in_flight_: the next one launched if it can be, then this one's tokens read
+// and committed for the requests still there (a request that stopped at the step before, or was
+// cancelled since, has its row dropped).
+void Engine::step_in_flight() {
+  const auto t_step = std::chrono::steady_clock::now();
+  StepPlan plan = std::move(*in_flight_);
+  in_flight_.reset();
+  std::vector<uint64_t> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels.swap(cancels_);
+  }
+  for (uint64_t id : cancels) finish(id, FinishReason::kCancelled, -1);
+  std::vector<int32_t> tokens;
+  const auto t_model = std::chrono::steady_clock::now();
+  if (chainable(plan)) in_flight_ = launch_next(plan);
+  model_.take_argmax(&tokens);
+  const double model_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count();
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    auto it = active_.find(plan.rows[i].seq);
+    if (it == active_.end()) continue;
+    Active& a = *it->second;
+    a.k = 0;
+    a.feed.assign(1, a.last);  // the token the step was fed (on the device)
+    commit_row(plan.rows[i], {}, std::span<const int32_t>(tokens).subspan(i, 1));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  sched_.commit(plan);
+  ++stats_.steps;
+  stats_.chained_steps += in_flight_.has_value();
+  stats_.step_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
+  stats_.model_seconds += model_s;
   stats_.pool = states_.stats();
 }
 

@@ -107,6 +107,16 @@ struct EngineOptions {
   // only once the request's unverified lookups have been seen to hold (LookupHits); the depth
   // drops to what was accepted (+ 1) after a rejection and doubles back on full acceptance.
   int draft_lookup = 0;
+  // Greedy decode steps on the device chained (Model::launch_argmax): while a step of plain
+  // decode rows runs, the engine launches the next one (each row's token read on the device) and
+  // only then reads, emits and commits this one's tokens, so the host's work between steps leaves
+  // the device's critical path (vLLM's async scheduling, SGLang's overlap scheduler). Only where
+  // the next step is known without the tokens: every row a plain decode row of a greedy request
+  // that wants no logits, none at its length or context limit, nothing waiting to be admitted or
+  // cancelled, no drafting, no on_decode_state. A row whose request stops at the step's token
+  // (a stop token) has its next row computed and dropped. The same kernels: the tokens are the
+  // unchained engine's, bit for bit.
+  bool chain = true;
   // For tests: called on the engine thread after each decode row's commit, with the request's id
   // and its state (verify window closed), while the request goes on; empty: none.
   std::function<void(uint64_t, const SequenceState&)> on_decode_state;
@@ -114,6 +124,7 @@ struct EngineOptions {
 
 struct EngineStats {
   uint64_t steps = 0, prompt_tokens = 0, generated_tokens = 0;
+  uint64_t chained_steps = 0;  // steps launched before the step before was committed (chain)
   uint64_t keep_jobs = 0, keep_tokens = 0;  // internal prefills that extend kept states
   // MTP drafting: verify rows that carried drafts, drafts proposed, drafts accepted (emitted as
   // the target's own tokens). Mean accepted length = accepted_tokens / draft_steps.
@@ -190,6 +201,11 @@ class Engine {
   static TokenEvent event(const Active& a, int32_t token, std::span<const float> logits);
   void loop();
   void step();
+  // EngineOptions::chain: whether the step after `plan` (launched, not committed) can be launched
+  // now; launches it (its plan: the same rows one position on); the step of in_flight_.
+  bool chainable(const StepPlan& plan) const;
+  StepPlan launch_next(const StepPlan& plan);
+  void step_in_flight();
   void admit(const std::vector<uint64_t>& ids);
   // A row's results: `logits` [n, vocab], or with an argmax step (forward_argmax) `tokens` [n]
   // and no logits.
@@ -234,6 +250,8 @@ class Engine {
     bool lookup, lookup_matched;
   };
   std::vector<Observed> observed_;
+  // A chained step launched and not yet committed (engine thread only; EngineOptions::chain).
+  std::optional<StepPlan> in_flight_;
   uint64_t next_id_ = 1;
   bool stop_ = false;
   bool wake_ = false;  // guarded by mu_

@@ -105,6 +105,55 @@ TEST_F(EngineOnDevice, GreedyRepliesMatchCpuEngine) {
   }
 }
 
+// Chained steps (EngineOptions::chain: the next greedy step launched, its tokens read on the
+// device, before the engine reads and commits this one's) give the unchained engine's tokens for
+// requests that stop mid-chain on a stop token (the row launched after it is dropped), end at
+// max_tokens of 1-3 or more, and run 8 at once or 2 at a time behind a queue. Checked to fail: a
+// build whose chained steps read the tokens from the host's table (not copied on the device) gave
+// other tokens here.
+TEST_F(EngineOnDevice, ChainedStepsEqualUnchained) {
+  std::vector<std::vector<int32_t>> prompts = golden_prompts();
+  std::mt19937 rng(9);
+  for (int n : {1, 7, 60, 130})
+    prompts.push_back(testing::random_tokens(rng, cpu_->config().vocab_size, n));
+  EngineOptions o;
+  o.threads = 2;
+  o.chain = false;
+  o.state_cache_bytes = 0;  // no keep jobs: two engines share the model, one steps at a time
+  std::vector<GenerationRequest> reqs;
+  for (const auto& p : prompts) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = 40;
+    r.want_logits = false;
+    reqs.push_back(r);
+  }
+  // Stop tokens that occur mid-reply: each request stops at its own reply's token 4 + 3i (or its
+  // first later occurrence), some requests at max_tokens 1, 2 and 3 instead.
+  {
+    o.scheduler.max_running = 8;
+    Engine plain(*gpu_, o);
+    const std::vector<Reply> free_run = run_all(plain, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const size_t at = std::min(free_run[i].tokens.size() - 1, 4 + 3 * i);
+      reqs[i].stop_tokens = {free_run[i].tokens[at]};
+      if (i % 4 == 3) reqs[i].max_tokens = 1 + static_cast<int>(i / 4) % 3;
+    }
+  }
+  for (int running : {8, 2}) {
+    o.scheduler.max_running = running;
+    o.chain = false;
+    Engine plain(*gpu_, o);
+    o.chain = true;
+    Engine chained(*gpu_, o);
+    const std::vector<Reply> want = run_all(plain, reqs), got = run_all(chained, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << running << " at once, request " << i;
+    EXPECT_EQ(plain.stats().chained_steps, 0u);
+    EXPECT_GT(chained.stats().chained_steps, 10u) << running << " at once";
+  }
+}
+
 TEST_F(EngineOnDevice, ResumedAndBatchedEqualAlone) {
   std::mt19937 rng(5);
   auto random_tokens = [&](int n) {

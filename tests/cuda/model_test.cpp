@@ -165,6 +165,60 @@ TEST_P(CudaModelTest, GraphDecodeEqualsEagerAndAlone) {
   }
 }
 
+// Chained greedy steps (CudaModel::launch_greedy: the next step launched, its tokens read on the
+// device, before the host takes this one's) give forward_greedy's tokens step by step and leave the
+// same states. The chained steps' inputs carry a wrong token (0), which they must not read: a build
+// that did not copy the previous step's tokens into the table on the device failed here.
+TEST_P(CudaModelTest, ChainedGreedyEqualsStepByStep) {
+  const int64_t V = cpu_->config().vocab_size;
+  const std::vector<std::vector<int32_t>> ps = {prompt(5, 21), prompt(12, 22), prompt(2, 23)};
+  const int B = static_cast<int>(ps.size()), steps = 10;
+  std::vector<CudaSequenceState> a(B), c(B);
+  for (int i = 0; i < B; ++i) a[i] = gpu_->new_state(), c[i] = gpu_->new_state();
+  auto prompts = [&](std::vector<CudaSequenceState>& st) {
+    std::vector<CudaStepInput> in;
+    for (int i = 0; i < B; ++i) in.push_back({&st[i], ps[i], false});
+    return in;
+  };
+  // Step by step: the host reads each step's tokens and feeds them to the next.
+  std::vector<std::vector<int32_t>> want(B), got(B);
+  std::vector<int32_t> t;
+  gpu_->forward_greedy(prompts(a), &t);
+  for (int s = 0; s <= steps; ++s) {
+    ASSERT_EQ(t.size(), static_cast<size_t>(B));
+    for (int i = 0; i < B; ++i) want[i].push_back(t[i]);
+    if (s == steps) break;
+    std::vector<CudaStepInput> in;
+    for (int i = 0; i < B; ++i) in.push_back({&a[i], std::span(&want[i].back(), 1), false});
+    t.clear();
+    gpu_->forward_greedy(in, &t);
+  }
+  // Chained: the prompts' step, then `steps` chained steps, two in flight while the host takes
+  // the older one's tokens.
+  const int32_t wrong = 0;
+  std::vector<CudaStepInput> chained;
+  for (int i = 0; i < B; ++i) chained.push_back({&c[i], std::span(&wrong, 1), false});
+  gpu_->launch_greedy(prompts(c));
+  for (int s = 0; s <= steps; ++s) {
+    if (s < steps) gpu_->launch_greedy(chained, /*chained=*/true);
+    t.clear();
+    gpu_->take_greedy(&t);
+    ASSERT_EQ(t.size(), static_cast<size_t>(B));
+    for (int i = 0; i < B; ++i) got[i].push_back(t[i]);
+  }
+  EXPECT_EQ(got, want) << GetParam();
+  // The same states: one more step from each gives the same logits, bit for bit.
+  for (int i = 0; i < B; ++i) {
+    std::vector<float> la, lc;
+    const CudaStepInput xa{&a[i], std::span(&want[i].back(), 1), false};
+    const CudaStepInput xc{&c[i], std::span(&want[i].back(), 1), false};
+    gpu_->forward(std::span(&xa, 1), &la);
+    gpu_->forward(std::span(&xc, 1), &lc);
+    ASSERT_EQ(la.size(), static_cast<size_t>(V));
+    EXPECT_EQ(std::memcmp(la.data(), lc.data(), V * sizeof(float)), 0) << GetParam() << " " << i;
+  }
+}
+
 // Dummy weights at the config's size (here models/tiny-next's config), generated on the device:
 // finite logits, the weight bytes counted, and a decode row alone == in a batch of two.
 TEST(CudaDummyModel, RunsAndIsBatchInvariant) {

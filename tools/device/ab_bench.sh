@@ -34,7 +34,7 @@ if [ "${TESTS:-1}" != 0 ]; then
   echo "cuda_tests exit $?: $(grep -E '^\[  (PASSED|FAILED)' "$out/cuda_tests.log" | tr '\n' ' ')"
 fi
 # The decode table's rows, "decode | 1 | 461.1 ...".
-rows() { grep -E '\| (decode|prefill 512 tokens) \| [0-9]+ \|' "$1" | cut -d'|' -f2,3,4 | tr -s ' ' | tr '\n' ' '; }
+rows() { grep -E '\| (decode|decode, chained|prefill 512 tokens) \| [0-9]+ \|' "$1" | cut -d'|' -f2,3,4 | tr -s ' ' | tr '\n' ' '; }
 # The drafting lines ("  copy  N=1: plain ... (2.69x); decoding ... tok/s per stream (2.90x); 506
 # drafts in 49 verify rows, ..."; builds before f92808b print no "decoding" part), as
 # "copy/1 2.69x dec:2.90x 506/49".
