@@ -12,7 +12,9 @@
 // Options: --batches 1,8,32  --steps 64 (timed decode steps per batch)  --prompt 32 (prefill of
 // each decode sequence)  --prefill 512 (the prefill measurement's tokens)  --no-graphs  --kernels
 // (first, a table of the decode kernels one by one at the model's shapes)  --engine (with --model:
-// then the same decode through the runtime Engine, as the server runs it, Model::use_cuda)
+// then the same decode through the runtime Engine, as the server runs it, Model::use_cuda: steps
+// unchained, then chained, EngineOptions::chain)  --no-chain (EngineOptions::chain off in the
+// engine table and in both drafting engines)
 // --draft K (the costs of drafting 1..4 tokens at batch 1, dummy weights with an MTP head
 // included; with --model also drafting against plain decoding through the engine on the prompts
 // of --draft-prompts, default bench/draft_prompts.json, at --draft-streams 1,4; --draft-fixed;
@@ -311,9 +313,11 @@ void kernel_table(const ModelConfig& c, int64_t ctx) {
 // Aggregate decode tokens/s of B greedy streams through the Engine (continuous batching; each
 // step's logits rows go to the host and are sampled there): B requests of `prompt` random tokens
 // and `steps` reply tokens each, submitted at once; timed from the moment every stream has its
-// first token to the last token. The best of 2.
-double engine_decode(const Model& model, int B, int prompt, int steps, std::mt19937& rng) {
+// first token to the last token. The best of 2. `chain`: EngineOptions::chain.
+double engine_decode(const Model& model, int B, int prompt, int steps, bool chain,
+                     std::mt19937& rng) {
   EngineOptions o;
+  o.chain = chain;
   o.scheduler.max_running = B;
   o.threads = 1;
   o.state_cache_bytes = 0;
@@ -502,6 +506,7 @@ int run(int argc, char** argv) {
   std::vector<int> batches = {1, 8, 32};
   int steps = 64, prompt = 32, prefill = 512;
   bool graphs = true, kernels = false, engine = false;
+  bool chain = true;  // --no-chain: EngineOptions::chain off in the engine and drafting tables
   int draft = 0;  // --draft K: plain against drafted decoding through the engine
   bool profile = false, step_times = false;
   DraftCompareOptions dopt;  // the engine comparison's --draft-* flags (draft_max = --draft)
@@ -540,6 +545,8 @@ int run(int argc, char** argv) {
       step_times = true;
     else if (a == "--engine")
       engine = true;
+    else if (a == "--no-chain")
+      chain = false;
     else if (a == "--draft")
       draft = std::atoi(next().c_str());
     else if (a == "--draft-fixed")
@@ -565,7 +572,7 @@ int run(int argc, char** argv) {
           stderr,
           "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
           "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
-          "[--kernels] [--step-times] [--engine] [--draft K [--draft-fixed] [--draft-prompts JSON] "
+          "[--kernels] [--step-times] [--engine] [--no-chain] [--draft K [--draft-fixed] [--draft-prompts JSON] "
           "[--draft-streams 1,4] [--draft-max-streams 1] [--draft-reps 3] [--draft-lookup N] "
           "[--draft-warm] [--draft-control] [--profile]]\n");
       return 2;
@@ -739,14 +746,22 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "cuda_bench: %s\n", st.to_string().c_str());
       return 1;
     }
+    // Unchained then chained (EngineOptions::chain) on the same prompts, run after run.
     std::printf(
-        "\n| engine (--device cuda), greedy | streams | decode tokens/s |\n|---|---|---|\n");
-    for (int B : batches)
-      std::printf("| prompt %d, %d tokens each | %d | %.1f |\n", prompt, steps, B,
-                  engine_decode(*host, B, prompt, steps, rng));
+        "\n| engine (--device cuda), greedy | streams | decode tokens/s | chained | ratio "
+        "|\n|---|---|---|---|---|\n");
+    for (int B : batches) {
+      std::mt19937 rng_chained = rng;  // the chained run's prompts are the unchained run's
+      const double plain = engine_decode(*host, B, prompt, steps, /*chain=*/false, rng);
+      const double chained =
+          chain ? engine_decode(*host, B, prompt, steps, /*chain=*/true, rng_chained) : 0;
+      std::printf("| prompt %d, %d tokens each | %d | %.1f | %.1f | %.2fx |\n", prompt, steps, B,
+                  plain, chained, plain > 0 ? chained / plain : 0);
+    }
   }
   if (draft > 0 && host) {
     dopt.draft_max = draft;
+    dopt.chain = chain;
     return draft_table(*host, dopt, draft_prompts, draft_streams, draft_control);
   }
   return 0;

@@ -39,6 +39,7 @@ EngineOptions engine_options(const DraftCompareOptions& o, int draft_max, size_t
   eo.draft_p_min = o.p_min;
   eo.draft_max_streams = o.max_streams;
   eo.draft_lookup = draft_max > 0 ? o.lookup : 0;
+  eo.chain = o.chain;
   return eo;
 }
 

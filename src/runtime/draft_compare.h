@@ -31,6 +31,9 @@ struct DraftCompareOptions {
   // A control: the "drafted" engine plain too (draft_max 0), so that the ratio shows the
   // measurement's own spread, with nothing different between the two kinds of run.
   bool control = false;
+  // EngineOptions::chain for both engines (only plain greedy decode steps chain, so with it on the
+  // plain engine chains its steps on the device and the drafting engine does not).
+  bool chain = true;
 };
 
 struct DraftComparison {
