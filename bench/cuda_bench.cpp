@@ -507,7 +507,7 @@ int run(int argc, char** argv) {
   int steps = 64, prompt = 32, prefill = 512;
   bool graphs = true, kernels = false, engine = false;
   bool chain = true;  // --no-chain: EngineOptions::chain off in the engine and drafting tables
-  int draft = 0;  // --draft K: plain against drafted decoding through the engine
+  int draft = 0;      // --draft K: plain against drafted decoding through the engine
   bool profile = false, step_times = false;
   DraftCompareOptions dopt;  // the engine comparison's --draft-* flags (draft_max = --draft)
   dopt.threads = 1;
@@ -572,7 +572,8 @@ int run(int argc, char** argv) {
           stderr,
           "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
           "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
-          "[--kernels] [--step-times] [--engine] [--no-chain] [--draft K [--draft-fixed] [--draft-prompts JSON] "
+          "[--kernels] [--step-times] [--engine] [--no-chain] [--draft K [--draft-fixed] "
+          "[--draft-prompts JSON] "
           "[--draft-streams 1,4] [--draft-max-streams 1] [--draft-reps 3] [--draft-lookup N] "
           "[--draft-warm] [--draft-control] [--profile]]\n");
       return 2;

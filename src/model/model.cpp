@@ -170,16 +170,38 @@ void Model::forward_cuda([[maybe_unused]] std::span<const StepInput> inputs,
 #endif
 }
 
-void Model::launch_argmax(std::span<const StepInput> inputs, bool chained) const {
-  TF_CHECK(on_device(), "launch_argmax: the model is not on a device");
-  forward_cuda(inputs, chained ? CudaRun::kLaunchChained : CudaRun::kLaunch, nullptr, nullptr);
+void Model::launch_argmax(std::span<const StepInput> inputs, bool chained, ThreadPool* pool) const {
+  if (cuda_) {
+    forward_cuda(inputs, chained ? CudaRun::kLaunchChained : CudaRun::kLaunch, nullptr, nullptr);
+    return;
+  }
+  TF_CHECK(launched_.size() < 2, "launch_argmax: two steps launched and not taken");
+  std::vector<int32_t> tokens;
+  if (!chained) {
+    forward_argmax(inputs, &tokens, pool);
+  } else {
+    TF_CHECK(!launched_.empty() && launched_.back().size() == inputs.size(),
+             "launch_argmax: a chained step needs the step before, one token per row");
+    std::vector<StepInput> in(inputs.begin(), inputs.end());
+    for (size_t i = 0; i < in.size(); ++i) {
+      TF_CHECK(in[i].tokens.size() == 1 && !in[i].verify, "launch_argmax: chained rows decode");
+      in[i].tokens = std::span<const int32_t>(&launched_.back()[i], 1);
+    }
+    forward_argmax(in, &tokens, pool);
+  }
+  launched_.push_back(std::move(tokens));
 }
 
-void Model::take_argmax([[maybe_unused]] std::vector<int32_t>* tokens) const {
-  TF_CHECK(on_device(), "take_argmax: the model is not on a device");
+void Model::take_argmax(std::vector<int32_t>* tokens) const {
 #ifdef TF_HAVE_CUDA
-  cuda_->take_greedy(tokens);
+  if (cuda_) {
+    cuda_->take_greedy(tokens);
+    return;
+  }
 #endif
+  TF_CHECK(!launched_.empty(), "take_argmax: no step launched");
+  tokens->insert(tokens->end(), launched_.front().begin(), launched_.front().end());
+  launched_.pop_front();
 }
 
 void Model::reduce(float* y, int64_t n) const {

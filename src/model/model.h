@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -200,13 +201,15 @@ class Model {
   // back instead of R x vocab floats); on the CPU the same rows as forward's, then the argmax.
   void forward_argmax(std::span<const StepInput> inputs, std::vector<int32_t>* tokens,
                       ThreadPool* pool) const;
-  // forward_argmax on the device in two halves (on_device() only; CudaModel::launch_greedy), so
-  // that the host reads one step's tokens while the device runs the next: launch_argmax enqueues
-  // the step and returns; with `chained`, row i's token is the one the step launched before picked
-  // for its row i (one token per row, as many rows, no verify, no MTP head; the tokens in
-  // `inputs` are not read). take_argmax appends the tokens of the oldest step launched and not
-  // taken. At most two steps are launched and not taken.
-  void launch_argmax(std::span<const StepInput> inputs, bool chained) const;
+  // forward_argmax in two halves, so that on the device the host reads one step's tokens while
+  // the device runs the next (CudaModel::launch_greedy): launch_argmax enqueues the step and
+  // returns; with `chained`, row i's token is the one the step launched before picked for its row
+  // i (one token per row, as many rows, no verify, no MTP head; the tokens in `inputs` are not
+  // read). take_argmax appends the tokens of the oldest step launched and not taken. At most two
+  // steps are launched and not taken. On the CPU launch_argmax runs the step at once and keeps its
+  // tokens for take_argmax: nothing overlaps, but a caller's bookkeeping runs (and is tested) on
+  // every machine. One caller at a time, as for the device's stream.
+  void launch_argmax(std::span<const StepInput> inputs, bool chained, ThreadPool* pool) const;
   void take_argmax(std::vector<int32_t>* tokens) const;
 
   // Chained MTP drafting (§6), batched over sequences. For each input, step s = 1..k runs the
@@ -303,6 +306,8 @@ class Model {
     void operator()(CudaModel* m) const;
   };
   std::unique_ptr<CudaModel, CudaDeleter> cuda_;
+  // launch_argmax on the CPU: the tokens of the steps launched and not yet taken, oldest first.
+  mutable std::deque<std::vector<int32_t>> launched_;
   // A step on the device: forward() (logits to the host), forward_argmax() (tokens), or
   // launch_argmax() (chained or not: the tokens come later, through take_argmax()).
   enum class CudaRun { kLogits, kArgmax, kLaunch, kLaunchChained };

@@ -330,7 +330,7 @@ void Engine::step() {
   std::optional<StepPlan> next;  // the step after this one, launched before this one's commit
   if (argmax && chainable(plan)) {
     timed([&] {
-      model_.launch_argmax(inputs, /*chained=*/false);
+      model_.launch_argmax(inputs, /*chained=*/false, &pool_);
       next = launch_next(plan);
       model_.take_argmax(&tokens);
     });
@@ -397,7 +397,8 @@ void Engine::step() {
 }
 
 bool Engine::chainable(const StepPlan& plan) const {
-  if (!o_.chain || mtp_ || o_.on_decode_state || !model_.on_device() || plan.empty()) return false;
+  if (!o_.chain || mtp_ || o_.on_decode_state || plan.empty()) return false;
+  if (!model_.on_device() && !o_.chain_on_host) return false;
   for (const StepRow& r : plan.rows) {
     auto it = active_.find(r.seq);
     if (it == active_.end() || !r.decode || r.count != 1 || r.draft != 0 || !argmax_row(r))
@@ -425,7 +426,7 @@ StepPlan Engine::launch_next(const StepPlan& plan) {
                                .verify = false,
                                .form = DeltaForm::kRecurrent});
   }
-  model_.launch_argmax(inputs, /*chained=*/true);
+  model_.launch_argmax(inputs, /*chained=*/true, &pool_);
   return next;
 }
 

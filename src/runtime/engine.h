@@ -117,6 +117,10 @@ struct EngineOptions {
   // (a stop token) has its next row computed and dropped. The same kernels: the tokens are the
   // unchained engine's, bit for bit.
   bool chain = true;
+  // For tests: chain on the CPU too (Model::launch_argmax runs each step at once there, so
+  // nothing overlaps and a request that stops at a stop token costs a step; the bookkeeping runs,
+  // under the sanitizers, on every machine).
+  bool chain_on_host = false;
   // For tests: called on the engine thread after each decode row's commit, with the request's id
   // and its state (verify window closed), while the request goes on; empty: none.
   std::function<void(uint64_t, const SequenceState&)> on_decode_state;

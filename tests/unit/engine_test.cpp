@@ -166,6 +166,95 @@ TEST_F(EngineTest, CancelAndQueueFull) {
   EXPECT_EQ(engine.stats().running, 0u);
 }
 
+// Chained steps on the CPU (EngineOptions::chain_on_host: the step after a plain greedy decode
+// step is launched, its tokens taken from the step before, before this one's tokens are read,
+// emitted and committed; on the CPU each launch runs at once): the unchained engine's tokens for
+// requests that stop mid-chain at a stop token (the row launched after it is dropped), at
+// max_tokens of 1-3, at the context limit, 7 at once or 2 at a time behind a queue, and a request
+// cancelled while a chained step is launched. The device runs the same bookkeeping
+// (tests/cuda/engine_test.cpp). Checked to fail: a build whose chained launch fed each row the
+// host's last token (not the step before's) gave other tokens; one that committed the rows of
+// requests already finished stopped with map::at.
+TEST_F(EngineTest, ChainedStepsEqualUnchained) {
+  std::vector<GenerationRequest> reqs;
+  for (const auto& p : prompts()) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = 30;
+    r.want_logits = false;  // argmax rows: only those chain
+    reqs.push_back(r);
+  }
+  EngineOptions o = batched();
+  o.ctx_size = 170;  // the 151-token prompt meets the context limit before max_tokens
+  o.state_cache_bytes = 0;
+  // Each request stops at its free-running reply's token 3 + 2i, some at max_tokens 1, 2, 3.
+  {
+    Engine plain(*model_, o);
+    const std::vector<testing::Reply> free_run = testing::run_all(plain, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_FALSE(free_run[i].tokens.empty());
+      const size_t at = std::min(free_run[i].tokens.size() - 1, 3 + 2 * i);
+      reqs[i].stop_tokens = {free_run[i].tokens[at]};
+      if (i % 3 == 2) reqs[i].max_tokens = 1 + static_cast<int>(i / 3) % 3;
+    }
+  }
+  for (int running : {7, 2}) {
+    o.scheduler.max_running = running;
+    o.chain = false;
+    Engine plain(*model_, o);
+    o.chain = o.chain_on_host = true;
+    Engine chained(*model_, o);
+    const std::vector<testing::Reply> want = testing::run_all(plain, reqs);
+    const std::vector<testing::Reply> got = testing::run_all(chained, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << running << " at once, request " << i;
+    EXPECT_EQ(plain.stats().chained_steps, 0u);
+    EXPECT_GT(chained.stats().chained_steps, 5u) << running << " at once";
+  }
+  // Cancelled while a chained step is launched: the 20th token's event holds the engine thread
+  // until the cancel is in, so the request ends at the step after it, with the unchained reply's
+  // first 20 or 21 tokens.
+  EngineOptions oc = batched();
+  oc.scheduler.max_running = 1;
+  oc.chain_on_host = true;
+  Engine chained(*model_, oc);
+  Collector c;
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t seen = 0;
+  bool cancelled = false;
+  GenerationRequest r;
+  r.prompt = prompt(9, 4);
+  r.max_tokens = 40;
+  r.want_logits = false;
+  GenerationRequest same = r;
+  r.on_event = [&](const TokenEvent& e) {
+    c.on_event(e);
+    std::unique_lock<std::mutex> lock(mu);
+    if (++seen == 20) {
+      cv.notify_all();
+      cv.wait(lock, [&] { return cancelled; });
+    }
+  };
+  auto id = chained.submit(std::move(r));
+  ASSERT_TRUE(id.is_ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return seen >= 20; });
+    chained.cancel(*id);
+    cancelled = true;
+    cv.notify_all();
+  }
+  c.wait();
+  EXPECT_EQ(c.reason, FinishReason::kCancelled);
+  EXPECT_GT(chained.stats().chained_steps, 10u);
+  Engine plain(*model_, batched());
+  const std::vector<int32_t> want = testing::run_all(plain, {same})[0].tokens;
+  ASSERT_GE(c.tokens.size(), 20u);
+  ASSERT_LE(c.tokens.size(), 21u);
+  EXPECT_TRUE(std::equal(c.tokens.begin(), c.tokens.end(), want.begin()));
+}
+
 TEST_F(EngineTest, BadRequests) {
   EngineOptions o;
   o.ctx_size = 8;
