@@ -486,7 +486,8 @@ void CudaModel::drop_graphs() {
 }
 
 std::unique_ptr<DeviceState> CudaSequenceState::clone() const {
-  TF_CUDA_REQUIRE(verify_base < 0, "clone(): a verify window is open");
+  TF_CUDA_REQUIRE(verify_base < 0 && chained_token_at < 0,
+                  "clone(): a verify window is open or a chained token is unknown");
   auto c = std::make_unique<CudaSequenceState>();
   c->n_past = n_past;
   c->conv_rows = conv_rows;
@@ -805,7 +806,14 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
       if (u == T - 1 || i.all_logits || i.verify) rows[r++] = static_cast<int32_t>(t + u);
       if (st.has_mtp) {  // H of this token, and the token as the input of the head's row p - 1
         host_table_[ht.hid + t + u] = addr(st.mtp_hidden.data() + (hrow + u) * H);
-        if (st.n_past + u > 0) st.mtp_tokens.push_back(i.tokens[u]);
+        if (st.n_past + u > 0) {
+          if (ids_on_device != nullptr) {  // a chained step: its token comes later
+            TF_CUDA_REQUIRE(st.chained_token_at < 0,
+                            "a chained step on an MTP state whose last chained token is unknown");
+            st.chained_token_at = static_cast<int64_t>(st.mtp_tokens.size());
+          }
+          st.mtp_tokens.push_back(i.tokens[u]);
+        }
       }
       for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
         if (!c.full_attention[li]) continue;
@@ -972,7 +980,8 @@ int64_t CudaModel::step(std::span<const CudaStepInput> in, const int32_t* ids) {
   // rejected tokens would leave rows behind).
   std::vector<CudaSequenceState*> due;
   for (const auto& i : in)
-    if (i.state->has_mtp && !i.verify && i.state->mtp_tokens.size() >= kMtpSyncRows)
+    if (i.state->has_mtp && !i.verify && i.state->chained_token_at < 0 &&
+        i.state->mtp_tokens.size() >= kMtpSyncRows)
       due.push_back(i.state);
   if (!due.empty()) mtp_sync(due);
   return R;
@@ -1036,9 +1045,8 @@ void CudaModel::launch_greedy(std::span<const CudaStepInput> inputs, bool chaine
                     "launch_greedy(chained): not as many rows as the step before");
     TF_CUDA_REQUIRE(!timed, "launch_greedy(chained): step times are taken one step at a time");
     for (const CudaStepInput& i : inputs)
-      TF_CUDA_REQUIRE(i.tokens.size() == 1 && !i.verify && !i.all_logits && !i.state->has_mtp,
-                      "launch_greedy(chained): a row that is not one token of a state without "
-                      "the MTP head");
+      TF_CUDA_REQUIRE(i.tokens.size() == 1 && !i.verify && !i.all_logits,
+                      "launch_greedy(chained): a row that is not one token");
   }
   // The previous step's argmax (argmax_, row i its row i's token), before this step's tables
   // land: prepare() copies them (ids written from `inputs`) and the chained ids overwrite theirs.
@@ -1077,6 +1085,12 @@ void CudaModel::take_greedy(std::vector<int32_t>* tokens) {
   }
   const auto* host = static_cast<const int32_t*>(out.host);
   tokens->insert(tokens->end(), host, host + out.rows);
+}
+
+void CudaModel::set_chained_token(CudaSequenceState* st, int32_t token) {
+  TF_CUDA_REQUIRE(st->chained_token_at >= 0, "set_chained_token: no chained token waits");
+  st->mtp_tokens[st->chained_token_at] = token;
+  st->chained_token_at = -1;
 }
 
 void CudaModel::set_step_times(bool on) {
@@ -1150,8 +1164,8 @@ void CudaModel::mtp_sync(std::span<CudaSequenceState* const> states) {
   const size_t kv_row = c.num_key_value_heads * c.head_dim;
   int64_t M = 0;
   for (const CudaSequenceState* st : states) {
-    TF_CUDA_REQUIRE(st->has_mtp && st->verify_base < 0,
-                    "mtp_sync(): needs an MTP state with its window closed");
+    TF_CUDA_REQUIRE(st->has_mtp && st->verify_base < 0 && st->chained_token_at < 0,
+                    "mtp_sync(): needs an MTP state with its window closed and every token known");
     M += static_cast<int64_t>(st->mtp_tokens.size());
   }
   if (M == 0) return;

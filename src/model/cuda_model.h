@@ -141,6 +141,10 @@ struct CudaSequenceState final : DeviceState {
   DeviceArray<float> mtp_hidden;  // [hidden_cap, H]
   int64_t hidden_cap = 0, hidden_base = 0;
   std::vector<int32_t> mtp_tokens;
+  // A chained step's token (launch_greedy, chained: read on the device) is not known on the host
+  // when the step is launched: its mtp_tokens entry, at this index, waits for
+  // CudaModel::set_chained_token (-1: none waits). No mtp_sync or clone until then.
+  int64_t chained_token_at = -1;
 
   // The verify window opened by the last step (verify_base < 0: none), as SequenceState::verify.
   int64_t verify_base = -1, verify_T = 0;
@@ -200,11 +204,14 @@ class CudaModel {
   // step and returns without waiting; take_greedy waits for the oldest step launched and not yet
   // taken and appends its tokens. With `chained`, row i's token is the one the step launched just
   // before picked for its row i, read on the device: every row one token (no verify row), as many
-  // rows as that step, no MTP head (its rows need the tokens on the host); the tokens in `inputs`
-  // are not read. At most two steps are launched and not taken. The kernels and their inputs are
-  // forward_greedy's, so are the tokens, bit for bit.
+  // rows as that step; the tokens in `inputs` are not read. A state keeping the MTP head has that
+  // token in its mtp_tokens once the caller passes it to set_chained_token (after taking the step
+  // before's tokens, before launching another chained step on it). At most two steps are launched
+  // and not taken. The kernels and their inputs are forward_greedy's, so are the tokens, bit for
+  // bit.
   void launch_greedy(std::span<const CudaStepInput> inputs, bool chained = false);
   void take_greedy(std::vector<int32_t>* tokens);
+  void set_chained_token(CudaSequenceState* state, int32_t token);
   // Computes the MTP head's pending cache rows of `states` (has_mtp, window closed) in one batch:
   // afterwards each has n_past - 1 rows. The rows are those a one-token forward of the head writes
   // (every kernel is split-invariant), so no later result depends on when this ran.

@@ -204,6 +204,15 @@ void Model::take_argmax(std::vector<int32_t>* tokens) const {
   launched_.pop_front();
 }
 
+void Model::set_chained_token([[maybe_unused]] SequenceState* state,
+                              [[maybe_unused]] int32_t token) const {
+#ifdef TF_HAVE_CUDA
+  if (!cuda_) return;
+  CudaSequenceState* d = device_state(state);
+  if (d->has_mtp) cuda_->set_chained_token(d, token);
+#endif
+}
+
 void Model::reduce(float* y, int64_t n) const {
   if (comm_ != nullptr) tp_check(comm_->all_reduce_sum(y, n));
 }

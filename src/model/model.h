@@ -211,6 +211,11 @@ class Model {
   // every machine. One caller at a time, as for the device's stream.
   void launch_argmax(std::span<const StepInput> inputs, bool chained, ThreadPool* pool) const;
   void take_argmax(std::vector<int32_t>* tokens) const;
+  // The token a chained step fed `state` (the step before's, once taken), for a state keeping the
+  // MTP head: on the device its pending head rows wait for it on the host
+  // (CudaSequenceState::chained_token_at); due before another chained step on the state is
+  // launched. On the CPU the chained step was fed it already: nothing to do.
+  void set_chained_token(SequenceState* state, int32_t token) const;
 
   // Chained MTP drafting (§6), batched over sequences. For each input, step s = 1..k runs the
   // head at position n_past - 2 + s on (h, t): step 1 on (H[n_past - 1], next_token), step s > 1

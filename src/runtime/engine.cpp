@@ -334,6 +334,7 @@ void Engine::step() {
       next = launch_next(plan);
       model_.take_argmax(&tokens);
     });
+    set_chained_tokens(plan, tokens);
   } else if (argmax) {
     timed([&] { model_.forward_argmax(inputs, &tokens, &pool_); });
   } else {
@@ -397,8 +398,13 @@ void Engine::step() {
 }
 
 bool Engine::chainable(const StepPlan& plan) const {
-  if (!o_.chain || mtp_ || o_.on_decode_state || plan.empty()) return false;
+  if (!o_.chain || o_.on_decode_state || plan.empty()) return false;
   if (!model_.on_device() && !o_.chain_on_host) return false;
+  // With drafting on, a request that may draft chains only while the stream gate keeps drafting
+  // off (the step's draft depth is then 0 whatever its tokens; else its prompt lookup needs the
+  // step before's token on the host). Every running sequence decodes (checked below).
+  const bool gated = mtp_ && o_.draft_max_streams > 0 &&
+                     plan.rows.size() > static_cast<size_t>(o_.draft_max_streams);
   for (const StepRow& r : plan.rows) {
     auto it = active_.find(r.seq);
     if (it == active_.end() || !r.decode || r.count != 1 || r.draft != 0 || !argmax_row(r))
@@ -407,6 +413,7 @@ bool Engine::chainable(const StepPlan& plan) const {
     const Active& a = *it->second;
     if (a.internal || a.n_generated + 1 >= a.req.max_tokens || r.begin + 2 >= o_.ctx_size)
       return false;
+    if (a.policy && !gated) return false;
   }
   // Every running sequence decodes in this step (none has prompt rows still to run).
   std::lock_guard<std::mutex> lock(mu_);
@@ -430,6 +437,17 @@ StepPlan Engine::launch_next(const StepPlan& plan) {
   return next;
 }
 
+// The tokens of `plan`, just taken, are those the chained step launched after it was fed: the
+// states keeping the MTP head get them (Model::set_chained_token).
+void Engine::set_chained_tokens(const StepPlan& plan, std::span<const int32_t> tokens) {
+  if (!mtp_) return;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    auto it = active_.find(plan.rows[i].seq);
+    if (it != active_.end() && it->second->state.has_mtp)
+      model_.set_chained_token(&it->second->state, tokens[i]);
+  }
+}
+
 // The chained step in in_flight_: the next one launched if it can be, then this one's tokens read
 // and committed for the requests still there (a request that stopped at the step before, or was
 // cancelled since, has its row dropped).
@@ -449,14 +467,20 @@ void Engine::step_in_flight() {
   model_.take_argmax(&tokens);
   const double model_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count();
+  if (in_flight_) set_chained_tokens(plan, tokens);
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     auto it = active_.find(plan.rows[i].seq);
     if (it == active_.end()) continue;
     Active& a = *it->second;
     a.k = 0;
     a.feed.assign(1, a.last);  // the token the step was fed (on the device)
+    a.lookup_drafts.clear();
+    a.lookup_matched = false;
     commit_row(plan.rows[i], {}, std::span<const int32_t>(tokens).subspan(i, 1));
   }
+  // A chained step's cost is not a step's (it overlapped the one before): the drafting policies
+  // learn plain decoding's cost from the steps that are not chained.
+  observed_.clear();
   std::lock_guard<std::mutex> lock(mu_);
   sched_.commit(plan);
   ++stats_.steps;

@@ -113,7 +113,10 @@ struct EngineOptions {
   // the device's critical path (vLLM's async scheduling, SGLang's overlap scheduler). Only where
   // the next step is known without the tokens: every row a plain decode row of a greedy request
   // that wants no logits, none at its length or context limit, nothing waiting to be admitted or
-  // cancelled, no drafting, no on_decode_state. A row whose request stops at the step's token
+  // cancelled, no drafts in the step, no on_decode_state; with drafting on, a request that may
+  // draft only while the stream gate (draft_max_streams) keeps drafting off, so that chained steps
+  // never decide a draft (a prompt lookup needs the token before). A row whose request stops at
+  // the step's token
   // (a stop token) has its next row computed and dropped. The same kernels: the tokens are the
   // unchained engine's, bit for bit.
   bool chain = true;
@@ -209,6 +212,7 @@ class Engine {
   // now; launches it (its plan: the same rows one position on); the step of in_flight_.
   bool chainable(const StepPlan& plan) const;
   StepPlan launch_next(const StepPlan& plan);
+  void set_chained_tokens(const StepPlan& plan, std::span<const int32_t> tokens);
   void step_in_flight();
   void admit(const std::vector<uint64_t>& ids);
   // A row's results: `logits` [n, vocab], or with an argmax step (forward_argmax) `tokens` [n]

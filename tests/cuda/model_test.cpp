@@ -167,55 +167,79 @@ TEST_P(CudaModelTest, GraphDecodeEqualsEagerAndAlone) {
 
 // Chained greedy steps (CudaModel::launch_greedy: the next step launched, its tokens read on the
 // device, before the host takes this one's) give forward_greedy's tokens step by step and leave the
-// same states. The chained steps' inputs carry a wrong token (0), which they must not read: a build
-// that did not copy the previous step's tokens into the table on the device failed here.
+// same states, with and (where the model has one) without the MTP head kept: a chained step's
+// head token waits for set_chained_token. The chained steps' inputs carry a wrong token (0), which
+// they must not read: a build that did not copy the previous step's tokens into the table on the
+// device failed here; one whose set_chained_token left the placeholder must fail the MTP half.
 TEST_P(CudaModelTest, ChainedGreedyEqualsStepByStep) {
   const int64_t V = cpu_->config().vocab_size;
   const std::vector<std::vector<int32_t>> ps = {prompt(5, 21), prompt(12, 22), prompt(2, 23)};
   const int B = static_cast<int>(ps.size()), steps = 10;
-  std::vector<CudaSequenceState> a(B), c(B);
-  for (int i = 0; i < B; ++i) a[i] = gpu_->new_state(), c[i] = gpu_->new_state();
-  auto prompts = [&](std::vector<CudaSequenceState>& st) {
-    std::vector<CudaStepInput> in;
-    for (int i = 0; i < B; ++i) in.push_back({&st[i], ps[i], false});
-    return in;
-  };
-  // Step by step: the host reads each step's tokens and feeds them to the next.
-  std::vector<std::vector<int32_t>> want(B), got(B);
-  std::vector<int32_t> t;
-  gpu_->forward_greedy(prompts(a), &t);
-  for (int s = 0; s <= steps; ++s) {
-    ASSERT_EQ(t.size(), static_cast<size_t>(B));
-    for (int i = 0; i < B; ++i) want[i].push_back(t[i]);
-    if (s == steps) break;
-    std::vector<CudaStepInput> in;
-    for (int i = 0; i < B; ++i) in.push_back({&a[i], std::span(&want[i].back(), 1), false});
-    t.clear();
-    gpu_->forward_greedy(in, &t);
-  }
-  // Chained: the prompts' step, then `steps` chained steps, two in flight while the host takes
-  // the older one's tokens.
-  const int32_t wrong = 0;
-  std::vector<CudaStepInput> chained;
-  for (int i = 0; i < B; ++i) chained.push_back({&c[i], std::span(&wrong, 1), false});
-  gpu_->launch_greedy(prompts(c));
-  for (int s = 0; s <= steps; ++s) {
-    if (s < steps) gpu_->launch_greedy(chained, /*chained=*/true);
-    t.clear();
-    gpu_->take_greedy(&t);
-    ASSERT_EQ(t.size(), static_cast<size_t>(B));
-    for (int i = 0; i < B; ++i) got[i].push_back(t[i]);
-  }
-  EXPECT_EQ(got, want) << GetParam();
-  // The same states: one more step from each gives the same logits, bit for bit.
-  for (int i = 0; i < B; ++i) {
-    std::vector<float> la, lc;
-    const CudaStepInput xa{&a[i], std::span(&want[i].back(), 1), false};
-    const CudaStepInput xc{&c[i], std::span(&want[i].back(), 1), false};
-    gpu_->forward(std::span(&xa, 1), &la);
-    gpu_->forward(std::span(&xc, 1), &lc);
-    ASSERT_EQ(la.size(), static_cast<size_t>(V));
-    EXPECT_EQ(std::memcmp(la.data(), lc.data(), V * sizeof(float)), 0) << GetParam() << " " << i;
+  for (const bool mtp : {false, true}) {
+    if (mtp && !gpu_->has_mtp()) continue;
+    SCOPED_TRACE(mtp ? "MTP states" : "plain states");
+    std::vector<CudaSequenceState> a(B), c(B);
+    for (int i = 0; i < B; ++i) a[i] = gpu_->new_state(mtp), c[i] = gpu_->new_state(mtp);
+    auto prompts = [&](std::vector<CudaSequenceState>& st) {
+      std::vector<CudaStepInput> in;
+      for (int i = 0; i < B; ++i) in.push_back({&st[i], ps[i], false});
+      return in;
+    };
+    // Step by step: the host reads each step's tokens and feeds them to the next.
+    std::vector<std::vector<int32_t>> want(B), got(B);
+    std::vector<int32_t> t;
+    gpu_->forward_greedy(prompts(a), &t);
+    for (int s = 0; s <= steps; ++s) {
+      ASSERT_EQ(t.size(), static_cast<size_t>(B));
+      for (int i = 0; i < B; ++i) want[i].push_back(t[i]);
+      if (s == steps) break;
+      std::vector<CudaStepInput> in;
+      for (int i = 0; i < B; ++i) in.push_back({&a[i], std::span(&want[i].back(), 1), false});
+      t.clear();
+      gpu_->forward_greedy(in, &t);
+    }
+    // Chained: the prompts' step, then `steps` chained steps, two in flight while the host takes
+    // the older one's tokens (and hands them to the MTP states of the step launched after it).
+    const int32_t wrong = 0;
+    std::vector<CudaStepInput> chained;
+    for (int i = 0; i < B; ++i) chained.push_back({&c[i], std::span(&wrong, 1), false});
+    gpu_->launch_greedy(prompts(c));
+    for (int s = 0; s <= steps; ++s) {
+      if (s < steps) gpu_->launch_greedy(chained, /*chained=*/true);
+      t.clear();
+      gpu_->take_greedy(&t);
+      ASSERT_EQ(t.size(), static_cast<size_t>(B));
+      for (int i = 0; i < B; ++i) {
+        got[i].push_back(t[i]);
+        if (mtp && s < steps) gpu_->set_chained_token(&c[i], t[i]);
+      }
+    }
+    EXPECT_EQ(got, want) << GetParam();
+    for (int i = 0; i < B; ++i) {
+      if (mtp) {  // the head's pending tokens, then its cache rows computed from them
+        EXPECT_EQ(c[i].mtp_tokens, a[i].mtp_tokens) << GetParam() << " " << i;
+        CudaSequenceState* both[] = {&a[i], &c[i]};
+        gpu_->mtp_sync(both);
+        const size_t n = static_cast<size_t>(a[i].mtp_rows) * cpu_->config().num_key_value_heads *
+                         cpu_->config().head_dim;
+        ASSERT_EQ(c[i].mtp_rows, a[i].mtp_rows);
+        std::vector<float> ka(n), kc(n);
+        ASSERT_EQ(cudaMemcpy(ka.data(), a[i].mtp.k.data(), n * sizeof(float), cudaMemcpyDefault),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(kc.data(), c[i].mtp.k.data(), n * sizeof(float), cudaMemcpyDefault),
+                  cudaSuccess);
+        EXPECT_EQ(std::memcmp(ka.data(), kc.data(), n * sizeof(float)), 0)
+            << GetParam() << " " << i;
+      }
+      // The same states: one more step from each gives the same logits, bit for bit.
+      std::vector<float> la, lc;
+      const CudaStepInput xa{&a[i], std::span(&want[i].back(), 1), false};
+      const CudaStepInput xc{&c[i], std::span(&want[i].back(), 1), false};
+      gpu_->forward(std::span(&xa, 1), &la);
+      gpu_->forward(std::span(&xc, 1), &lc);
+      ASSERT_EQ(la.size(), static_cast<size_t>(V));
+      EXPECT_EQ(std::memcmp(la.data(), lc.data(), V * sizeof(float)), 0) << GetParam() << " " << i;
+    }
   }
 }
 

@@ -405,6 +405,42 @@ TEST_P(DraftEngineTest, DraftsOnlyWhileFewRequestsDecode) {
   EXPECT_LT(gated.drafted_tokens * 4, open.drafted_tokens);
 }
 
+// Chained steps on a drafting engine (EngineOptions::chain_on_host, the device's bookkeeping on
+// the CPU): four requests of different lengths decode together behind the stream gate, so their
+// steps chain; as they finish the gate opens and the last one drafts, from the MTP state the
+// chained steps kept (on the device its head tokens arrive by Model::set_chained_token). Every
+// reply equals the plain engine's, unchained, with the state cache on. (Fixed depth: each step
+// of the request left alone drafts, so this does not reach chainable's rule against chaining a
+// request that may draft while the gate is open, which matters where the adaptive policy picks
+// plain steps; that rule was seen not to be caught here.)
+TEST_P(DraftEngineTest, ChainedWhileGatedThenDraftedEqualsPlain) {
+  std::mt19937 rng(12);
+  std::vector<GenerationRequest> reqs(4);
+  const int lengths[] = {5, 9, 14, 40};
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt = prompt(rng, 16 + 4 * static_cast<int>(i));
+    reqs[i].max_tokens = lengths[i];
+    reqs[i].want_logits = false;  // argmax rows: only those chain
+  }
+  EngineOptions o;
+  o.scheduler.max_running = 4;
+  o.scheduler.batch_tokens = 4096;
+  o.chain = false;
+  const std::vector<Out> want = run(reqs, o);
+  o.draft_max = 2;
+  o.draft_adaptive = false;
+  o.draft_max_streams = 1;
+  o.chain = o.chain_on_host = true;
+  EngineStats st;
+  const std::vector<Out> got = run(reqs, o, &st);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(same_out(got[i], want[i])) << i;
+    EXPECT_EQ(got[i].tokens.size(), static_cast<size_t>(lengths[i])) << i;
+  }
+  EXPECT_GT(st.chained_steps, 3u);
+  EXPECT_GT(st.drafted_tokens, 4u);
+}
+
 // Multi-turn chats on a drafting engine: every turn after the first resumes from the state kept
 // at the end of the last one, drafts, and equals the same request computed fresh and plain.
 TEST_P(DraftEngineTest, MultiTurnResumedDraftedEqualsFreshPlain) {
