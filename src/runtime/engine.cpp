@@ -54,8 +54,25 @@ void Engine::shutdown() {
 }
 
 std::unique_ptr<Engine::Active> Engine::make_active(GenerationRequest r) {
-  auto a = std::make_unique<Active>(Active{
-      std::move(r), {}, Sampler({}), {}, false, 0, 0, -1, {}, {}, 0, 0, {}, {}, {}, {}, {}, false});
+  auto a = std::make_unique<Active>(Active{std::move(r),
+                                           {},
+                                           Sampler({}),
+                                           {},
+                                           false,
+                                           0,
+                                           0,
+                                           -1,
+                                           {},
+                                           {},
+                                           0,
+                                           0,
+                                           0,
+                                           {},
+                                           {},
+                                           {},
+                                           {},
+                                           {},
+                                           false});
   a->sampler = Sampler(a->req.sampling);
   return a;
 }
@@ -273,7 +290,10 @@ void Engine::step() {
       for (auto& [id, a] : active_) {
         a->lookup_drafts.clear();
         a->lookup_matched = false;
-        if (a->policy && a->last >= 0) sched_.set_draft(id, gated ? 0 : want_drafts(*a));
+        if (a->policy && a->last >= 0) {
+          a->want = gated ? 0 : want_drafts(*a);
+          sched_.set_draft(id, a->want);
+        }
       }
     }
     plan = sched_.plan();
@@ -362,26 +382,9 @@ void Engine::step() {
   // 2026-12-06, warm prose at one stream: k = 1 on every step at 0.94x of plain before, plain
   // steps at 0.99x with it: docs/PERFORMANCE.md, "The prior's probes on the device".)
   if (!observed_.empty() && model_.graph_captures() != captures0) observed_.clear();
-  const bool learned = !observed_.empty();
-  if (learned) {
-    const double cost = policy_clock(model_) - c0;
-    for (const Observed& ob : observed_) {
-      auto it = active_.find(ob.seq);
-      Active* a = it != active_.end() ? it->second.get() : nullptr;
-      if (ob.lookup) {
-        if (a) a->lookup->observe(1, ob.emitted, cost);
-        lookup_prior_.observe(1, ob.emitted, cost);
-        continue;
-      }
-      if (a) a->policy->observe(ob.k, ob.emitted, cost);
-      prior_.observe(ob.k, ob.emitted, cost);
-      if (ob.lookup_matched) {
-        if (a) a->lookup->observe(0, ob.emitted, cost);
-        lookup_prior_.observe(0, ob.emitted, cost);
-      }
-    }
-    observed_.clear();
-  }
+  if (!observed_.empty()) learn(policy_clock(model_) - c0);
+  if (next) plan_chained();
+  if (mtp_) step_end_clock_ = policy_clock(model_), step_end_captures_ = model_.graph_captures();
   in_flight_ = std::move(next);
   std::lock_guard<std::mutex> lock(mu_);
   sched_.commit(plan);
@@ -390,19 +393,16 @@ void Engine::step() {
   stats_.step_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
   stats_.model_seconds += model_s;
-  if (learned) {  // the prior changed
-    stats_.draft_costs.resize(o_.draft_max + 1);
-    for (int k = 0; k <= o_.draft_max; ++k) stats_.draft_costs[k] = prior_.cost(k);
-  }
   stats_.pool = states_.stats();
 }
 
 bool Engine::chainable(const StepPlan& plan) const {
   if (!o_.chain || o_.on_decode_state || plan.empty()) return false;
   if (!model_.on_device() && !o_.chain_on_host) return false;
-  // With drafting on, a request that may draft chains only while the stream gate keeps drafting
-  // off (the step's draft depth is then 0 whatever its tokens; else its prompt lookup needs the
-  // step before's token on the host). Every running sequence decodes (checked below).
+  // With drafting on, a request that may draft chains while the stream gate keeps drafting off
+  // (its depth is then 0 whatever its tokens), or where its last planned step asked for no drafts
+  // and no prompt lookup matched (what it asks for at this step's commit, plan_chained, waits a
+  // step: a lookup needs the token before). Every running sequence decodes (checked below).
   const bool gated = mtp_ && o_.draft_max_streams > 0 &&
                      plan.rows.size() > static_cast<size_t>(o_.draft_max_streams);
   for (const StepRow& r : plan.rows) {
@@ -413,7 +413,7 @@ bool Engine::chainable(const StepPlan& plan) const {
     const Active& a = *it->second;
     if (a.internal || a.n_generated + 1 >= a.req.max_tokens || r.begin + 2 >= o_.ctx_size)
       return false;
-    if (a.policy && !gated) return false;
+    if (a.policy && !gated && (a.want != 0 || a.lookup_matched)) return false;
   }
   // Every running sequence decodes in this step (none has prompt rows still to run).
   std::lock_guard<std::mutex> lock(mu_);
@@ -435,6 +435,43 @@ StepPlan Engine::launch_next(const StepPlan& plan) {
   }
   model_.launch_argmax(inputs, /*chained=*/true, &pool_);
   return next;
+}
+
+void Engine::learn(double cost) {
+  for (const Observed& ob : observed_) {
+    auto it = active_.find(ob.seq);
+    Active* a = it != active_.end() ? it->second.get() : nullptr;
+    if (ob.lookup) {
+      if (a) a->lookup->observe(1, ob.emitted, cost);
+      lookup_prior_.observe(1, ob.emitted, cost);
+      continue;
+    }
+    if (a) a->policy->observe(ob.k, ob.emitted, cost);
+    prior_.observe(ob.k, ob.emitted, cost);
+    if (ob.lookup_matched) {
+      if (a) a->lookup->observe(0, ob.emitted, cost);
+      lookup_prior_.observe(0, ob.emitted, cost);
+    }
+  }
+  observed_.clear();
+  std::lock_guard<std::mutex> lock(mu_);  // the prior changed
+  stats_.draft_costs.resize(o_.draft_max + 1);
+  for (int k = 0; k <= o_.draft_max; ++k) stats_.draft_costs[k] = prior_.cost(k);
+}
+
+void Engine::plan_chained() {
+  if (!mtp_) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  int decoding = 0;  // requests past their prompt
+  for (auto& [id, a] : active_) decoding += !a->internal && a->last >= 0;
+  const bool gated = o_.draft_max_streams > 0 && decoding > o_.draft_max_streams;
+  for (auto& [id, a] : active_) {
+    if (!a->policy || a->last < 0) continue;
+    a->lookup_drafts.clear();
+    a->lookup_matched = false;
+    a->want = gated ? 0 : want_drafts(*a);
+    a->lookup_drafts.clear();  // the step is launched plain: its drafts, if any, wait a step
+  }
 }
 
 // The tokens of `plan`, just taken, are those the chained step launched after it was fed: the
@@ -474,13 +511,14 @@ void Engine::step_in_flight() {
     Active& a = *it->second;
     a.k = 0;
     a.feed.assign(1, a.last);  // the token the step was fed (on the device)
-    a.lookup_drafts.clear();
-    a.lookup_matched = false;
     commit_row(plan.rows[i], {}, std::span<const int32_t>(tokens).subspan(i, 1));
   }
-  // A chained step's cost is not a step's (it overlapped the one before): the drafting policies
-  // learn plain decoding's cost from the steps that are not chained.
-  observed_.clear();
+  // A chained step costs the time since the step before ended (it overlapped that one's end);
+  // not learned from where a graph was captured meanwhile (as in step()).
+  if (!observed_.empty() && model_.graph_captures() != step_end_captures_) observed_.clear();
+  if (!observed_.empty()) learn(policy_clock(model_) - step_end_clock_);
+  if (in_flight_) plan_chained();
+  if (mtp_) step_end_clock_ = policy_clock(model_), step_end_captures_ = model_.graph_captures();
   std::lock_guard<std::mutex> lock(mu_);
   sched_.commit(plan);
   ++stats_.steps;

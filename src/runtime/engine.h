@@ -113,12 +113,12 @@ struct EngineOptions {
   // the device's critical path (vLLM's async scheduling, SGLang's overlap scheduler). Only where
   // the next step is known without the tokens: every row a plain decode row of a greedy request
   // that wants no logits, none at its length or context limit, nothing waiting to be admitted or
-  // cancelled, no drafts in the step, no on_decode_state; with drafting on, a request that may
-  // draft only while the stream gate (draft_max_streams) keeps drafting off, so that chained steps
-  // never decide a draft (a prompt lookup needs the token before). A row whose request stops at
-  // the step's token
-  // (a stop token) has its next row computed and dropped. The same kernels: the tokens are the
-  // unchained engine's, bit for bit.
+  // cancelled, no drafts in the step, no on_decode_state. With drafting on, a request that may
+  // draft chains while the stream gate (draft_max_streams) keeps drafting off, or where its last
+  // planned step asked for no drafts and no prompt lookup matched: a chained step is launched
+  // plain, and the drafts asked for at its commit (a lookup needs the token before) wait for the
+  // step after. A row whose request stops at the step's token (a stop token) has its next row
+  // computed and dropped. The same kernels: the tokens are the unchained engine's, bit for bit.
   bool chain = true;
   // For tests: chain on the CPU too (Model::launch_argmax runs each step at once there, so
   // nothing overlaps and a request that stops at a stop token costs a step; the bookkeeping runs,
@@ -192,7 +192,10 @@ class Engine {
     std::vector<int32_t> reply;  // every sampled token, the stop token included
     // MTP drafting (requests that may draft only): the depth policy, and this step's k and feed.
     std::optional<DraftPolicy> policy;
-    int k = 0;                  // drafts asked for this step (0: a plain decode row)
+    int k = 0;  // drafts asked for this step (0: a plain decode row)
+    // What want_drafts asked for the request's latest planned step: a step after it is chained
+    // only if it was 0 (so a prompt lookup or a probe found then waits one step at most).
+    int want = 0;
     int decode_steps = 0;       // decode steps so far (DraftPolicy::kWarmSteps)
     std::vector<int32_t> feed;  // this step's decode row: [last, d_1 .. d_j]
     // Prompt lookup (EngineOptions::draft_lookup): whether to use it where it matches (arm 1) or
@@ -213,6 +216,13 @@ class Engine {
   bool chainable(const StepPlan& plan) const;
   StepPlan launch_next(const StepPlan& plan);
   void set_chained_tokens(const StepPlan& plan, std::span<const int32_t> tokens);
+  // With drafting on, after the commit of a step whose next step was launched chained (plain):
+  // each request that may draft asks want_drafts for that step as an unchained engine would have,
+  // so that its lookups and policy go on; what it asks for waits for the step after (Active::want).
+  void plan_chained();
+  // The drafting policies learn from the steps just committed (observed_) at this cost (seconds
+  // of policy_clock per step).
+  void learn(double cost);
   void step_in_flight();
   void admit(const std::vector<uint64_t>& ids);
   // A row's results: `logits` [n, vocab], or with an argmax step (forward_argmax) `tokens` [n]
@@ -260,6 +270,10 @@ class Engine {
   std::vector<Observed> observed_;
   // A chained step launched and not yet committed (engine thread only; EngineOptions::chain).
   std::optional<StepPlan> in_flight_;
+  // policy_clock and Model::graph_captures at the end of the last step (drafting on): a chained
+  // step's cost is the time from the step before's end to its own.
+  double step_end_clock_ = 0;
+  int64_t step_end_captures_ = 0;
   uint64_t next_id_ = 1;
   bool stop_ = false;
   bool wake_ = false;  // guarded by mu_

@@ -441,6 +441,41 @@ TEST_P(DraftEngineTest, ChainedWhileGatedThenDraftedEqualsPlain) {
   EXPECT_GT(st.drafted_tokens, 4u);
 }
 
+// Chained steps of one request that may draft (the gate open): with the adaptive policy its
+// plain steps chain where no prompt lookup matched, a lookup or a probe found at a chained step's
+// commit waits one step (Active::want), and drafting goes on between chains. Every reply equals
+// the plain engine's; on tiny-next's copy prompts drafts are still proposed (about 105 in 87
+// steps here, 113 in 80 unchained; the small random model chains 131 of 147 steps). Checked to
+// fail: a build that chained every plain step of such a request (chainable without its `want` /
+// `lookup_matched` test) never drafted again once a chain began and failed on tiny-next.
+TEST_P(DraftEngineTest, ChainedOneStreamStillDraftsAndEqualsPlain) {
+  std::mt19937 rng(13);
+  std::vector<GenerationRequest> reqs(3);
+  for (auto& r : reqs) {
+    r.prompt = prompt(rng, 40);
+    r.max_tokens = 48;
+    r.want_logits = false;
+  }
+  EngineOptions plain_o;
+  plain_o.chain = false;
+  EngineOptions o;
+  o.draft_max = 3;
+  o.draft_lookup = 12;
+  o.chain = o.chain_on_host = true;
+  EngineStats st;
+  for (size_t i = 0; i < reqs.size(); ++i) {  // one at a time: only a queue-less engine chains
+    EngineStats one;
+    EXPECT_TRUE(same_out(run({reqs[i]}, o, &one)[0], run({reqs[i]}, plain_o)[0])) << i;
+    st.chained_steps += one.chained_steps;
+    st.drafted_tokens += one.drafted_tokens;
+    st.steps += one.steps;
+  }
+  EXPECT_GT(st.chained_steps, 10u);
+  if (tiny()) {
+    EXPECT_GT(st.drafted_tokens, 20u);
+  }
+}
+
 // Multi-turn chats on a drafting engine: every turn after the first resumes from the state kept
 // at the end of the last one, drafts, and equals the same request computed fresh and plain.
 TEST_P(DraftEngineTest, MultiTurnResumedDraftedEqualsFreshPlain) {
