@@ -54,25 +54,8 @@ void Engine::shutdown() {
 }
 
 std::unique_ptr<Engine::Active> Engine::make_active(GenerationRequest r) {
-  auto a = std::make_unique<Active>(Active{std::move(r),
-                                           {},
-                                           Sampler({}),
-                                           {},
-                                           false,
-                                           0,
-                                           0,
-                                           -1,
-                                           {},
-                                           {},
-                                           0,
-                                           0,
-                                           0,
-                                           {},
-                                           {},
-                                           {},
-                                           {},
-                                           {},
-                                           false});
+  auto a = std::make_unique<Active>();
+  a->req = std::move(r);
   a->sampler = Sampler(a->req.sampling);
   return a;
 }

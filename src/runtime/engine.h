@@ -183,7 +183,7 @@ class Engine {
   struct Active {
     GenerationRequest req;  // for an internal job: prompt = the tokens to keep a state of
     SequenceState state;    // made at admission (from a kept state or fresh)
-    Sampler sampler;
+    Sampler sampler{SamplingParams{}};
     std::vector<int64_t> cuts;  // aligned positions where the state is kept
     bool internal = false;      // an internal keep job: no events, no sampling
     int64_t n_cached = 0;
