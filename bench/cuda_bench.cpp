@@ -13,8 +13,8 @@
 // each decode sequence)  --prefill 512 (the prefill measurement's tokens)  --no-graphs  --kernels
 // (first, a table of the decode kernels one by one at the model's shapes)  --engine (with --model:
 // then the same decode through the runtime Engine, as the server runs it, Model::use_cuda: steps
-// unchained, then chained, EngineOptions::chain)  --no-chain (EngineOptions::chain off in the
-// engine table and in both drafting engines)
+// unchained, then chained, EngineOptions::chain)  --chain (EngineOptions::chain on in both
+// drafting engines)
 // --draft K (the costs of drafting 1..4 tokens at batch 1, dummy weights with an MTP head
 // included; with --model also drafting against plain decoding through the engine on the prompts
 // of --draft-prompts, default bench/draft_prompts.json, at --draft-streams 1,4; --draft-fixed;
@@ -506,8 +506,8 @@ int run(int argc, char** argv) {
   std::vector<int> batches = {1, 8, 32};
   int steps = 64, prompt = 32, prefill = 512;
   bool graphs = true, kernels = false, engine = false;
-  bool chain = true;  // --no-chain: EngineOptions::chain off in the engine and drafting tables
-  int draft = 0;      // --draft K: plain against drafted decoding through the engine
+  bool chain = false;  // --chain: EngineOptions::chain on in both drafting engines
+  int draft = 0;       // --draft K: plain against drafted decoding through the engine
   bool profile = false, step_times = false;
   DraftCompareOptions dopt;  // the engine comparison's --draft-* flags (draft_max = --draft)
   dopt.threads = 1;
@@ -545,8 +545,8 @@ int run(int argc, char** argv) {
       step_times = true;
     else if (a == "--engine")
       engine = true;
-    else if (a == "--no-chain")
-      chain = false;
+    else if (a == "--chain")
+      chain = true;
     else if (a == "--draft")
       draft = std::atoi(next().c_str());
     else if (a == "--draft-fixed")
@@ -572,7 +572,7 @@ int run(int argc, char** argv) {
           stderr,
           "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
           "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
-          "[--kernels] [--step-times] [--engine] [--no-chain] [--draft K [--draft-fixed] "
+          "[--kernels] [--step-times] [--engine] [--chain] [--draft K [--draft-fixed] "
           "[--draft-prompts JSON] "
           "[--draft-streams 1,4] [--draft-max-streams 1] [--draft-reps 3] [--draft-lookup N] "
           "[--draft-warm] [--draft-control] [--profile]]\n");
@@ -754,8 +754,7 @@ int run(int argc, char** argv) {
     for (int B : batches) {
       std::mt19937 rng_chained = rng;  // the chained run's prompts are the unchained run's
       const double plain = engine_decode(*host, B, prompt, steps, /*chain=*/false, rng);
-      const double chained =
-          chain ? engine_decode(*host, B, prompt, steps, /*chain=*/true, rng_chained) : 0;
+      const double chained = engine_decode(*host, B, prompt, steps, /*chain=*/true, rng_chained);
       std::printf("| prompt %d, %d tokens each | %d | %.1f | %.1f | %.2fx |\n", prompt, steps, B,
                   plain, chained, plain > 0 ? chained / plain : 0);
     }

@@ -727,7 +727,7 @@ struct CudaModel::Table {
 };
 
 int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, int64_t* nseq_out,
-                           bool* mtp_out, const int32_t* ids_on_device) {
+                           bool* mtp_out, const int32_t* ids_on_device, bool staged) {
   const ModelConfig& c = config();
   const cudaStream_t s = as_stream(stream_);
   int64_t N = 0, R = 0;
@@ -842,11 +842,15 @@ int64_t CudaModel::prepare(std::span<const CudaStepInput> in, int64_t* N_out, in
   starts[nseq] = static_cast<int32_t>(t);
   uint64_t* d = grow_tracked(table_, host_table_.size());
   const size_t bytes = host_table_.size() * sizeof(uint64_t);
-  PinnedSlot& stage = table_stage_[table_next_];
-  table_next_ ^= 1;
-  std::memcpy(claim(stage, bytes), host_table_.data(), bytes);
-  TF_CUDA_CHECK(cudaMemcpyAsync(d, stage.host, bytes, cudaMemcpyHostToDevice, s));
-  mark(stage, stream_);
+  if (staged) {
+    PinnedSlot& stage = table_stage_[table_next_];
+    table_next_ ^= 1;
+    std::memcpy(claim(stage, bytes), host_table_.data(), bytes);
+    TF_CUDA_CHECK(cudaMemcpyAsync(d, stage.host, bytes, cudaMemcpyHostToDevice, s));
+    mark(stage, stream_);
+  } else {
+    TF_CUDA_CHECK(cudaMemcpyAsync(d, host_table_.data(), bytes, cudaMemcpyHostToDevice, s));
+  }
   if (ids_on_device != nullptr)  // the tokens are on the device already (launch_greedy, chained)
     TF_CUDA_CHECK(cudaMemcpyAsync(d + tb.ids, ids_on_device, N * sizeof(int32_t),
                                   cudaMemcpyDeviceToDevice, s));
@@ -954,7 +958,7 @@ size_t CudaModel::device_memory_bytes() const {
   return total_b;
 }
 
-int64_t CudaModel::step(std::span<const CudaStepInput> in, const int32_t* ids) {
+int64_t CudaModel::step(std::span<const CudaStepInput> in, const int32_t* ids, bool staged) {
   // Decode rows and verify steps (the engine's steady state) replay a graph per shape; prompt
   // pieces, whose shapes vary, launch their kernels.
   bool graph = true;
@@ -967,7 +971,7 @@ int64_t CudaModel::step(std::span<const CudaStepInput> in, const int32_t* ids) {
   const cudaStream_t s = as_stream(stream_);
   const bool timed = step_events_[0] != nullptr;
   if (timed) TF_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(step_events_[0]), s));
-  const int64_t R = prepare(in, &N, &nseq, &mtp, ids);
+  const int64_t R = prepare(in, &N, &nseq, &mtp, ids, staged);
   if (N == 0) return 0;
   auto run = [&] { enqueue(N, nseq, R, mtp); };
   if (timed) TF_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(step_events_[1]), s));
@@ -1013,8 +1017,23 @@ void* CudaModel::pinned(size_t bytes) {
 
 void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
                                std::vector<int32_t>* tokens) {
-  launch_greedy(inputs);
-  take_greedy(tokens);
+  TF_CUDA_REQUIRE(greedy_n_ == 0, "forward_greedy: a launched step is not taken");
+  const cudaStream_t s = as_stream(stream_);
+  const int64_t R = step(inputs), V = config().vocab_size;
+  if (R == 0) return;
+  int32_t* d = grow_tracked(argmax_, R);
+  cuda::argmax_rows(scratch_[kLogits].data(), R, V, d, s, nullptr,
+                    scratch(kArgmaxWork, cuda::argmax_work_floats(R, V)));
+  // Through pinned memory too: a pageable destination makes even these few bytes a staged copy.
+  auto* host = static_cast<int32_t*>(pinned(R * sizeof(int32_t)));
+  TF_CUDA_CHECK(cudaMemcpyAsync(host, d, R * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+  if (step_events_[0] != nullptr) {
+    TF_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(step_events_[3]), s));
+    TF_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(step_events_[3])));
+    add_step_times();
+  }
+  TF_CUDA_CHECK(cudaStreamSynchronize(s));
+  tokens->insert(tokens->end(), host, host + R);
 }
 
 void* CudaModel::claim(PinnedSlot& p, size_t bytes) {
@@ -1051,7 +1070,8 @@ void CudaModel::launch_greedy(std::span<const CudaStepInput> inputs, bool chaine
   // The previous step's argmax (argmax_, row i its row i's token), before this step's tables
   // land: prepare() copies them (ids written from `inputs`) and the chained ids overwrite theirs.
   const int32_t* previous = argmax_.data();
-  const int64_t R = step(inputs, chained ? previous : nullptr), V = config().vocab_size;
+  const int64_t R = step(inputs, chained ? previous : nullptr, /*staged=*/true);
+  const int64_t V = config().vocab_size;
   greedy_rows_ = R;
   PinnedSlot& out = greedy_[(greedy_first_ + greedy_n_) % 2];
   out.rows = R;
@@ -1074,17 +1094,19 @@ void CudaModel::take_greedy(std::vector<int32_t>* tokens) {
   --greedy_n_;
   if (out.rows == 0) return;
   TF_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(out.done)));
-  if (step_events_[0] != nullptr) {
-    auto ev = [&](int i) { return static_cast<cudaEvent_t>(step_events_[i]); };
-    float a = 0, b = 0, c = 0;
-    TF_CUDA_CHECK(cudaEventElapsedTime(&a, ev(0), ev(1)));
-    TF_CUDA_CHECK(cudaEventElapsedTime(&b, ev(1), ev(2)));
-    TF_CUDA_CHECK(cudaEventElapsedTime(&c, ev(2), ev(3)));
-    ++step_times_.steps;
-    step_times_.to_graph_ms += a, step_times_.graph_ms += b, step_times_.argmax_ms += c;
-  }
+  if (step_events_[0] != nullptr) add_step_times();
   const auto* host = static_cast<const int32_t*>(out.host);
   tokens->insert(tokens->end(), host, host + out.rows);
+}
+
+void CudaModel::add_step_times() {
+  auto ev = [&](int i) { return static_cast<cudaEvent_t>(step_events_[i]); };
+  float a = 0, b = 0, c = 0;
+  TF_CUDA_CHECK(cudaEventElapsedTime(&a, ev(0), ev(1)));
+  TF_CUDA_CHECK(cudaEventElapsedTime(&b, ev(1), ev(2)));
+  TF_CUDA_CHECK(cudaEventElapsedTime(&c, ev(2), ev(3)));
+  ++step_times_.steps;
+  step_times_.to_graph_ms += a, step_times_.graph_ms += b, step_times_.argmax_ms += c;
 }
 
 void CudaModel::set_chained_token(CudaSequenceState* st, int32_t token) {

@@ -257,14 +257,18 @@ class CudaModel {
   void finish_init();
   // Host side of a step: grows caches, builds and uploads the tables; returns rows wanting logits.
   // *mtp: some state keeps the MTP head's rows (the step stores its tokens' H for them).
+  // `ids`: the tokens already on the device (launch_greedy, chained; N of them, in row order).
+  // `staged`: the table goes through pinned staging (table_stage_), so that its copy does not
+  // wait for the steps before (launch_greedy); else from pageable memory.
   int64_t prepare(std::span<const CudaStepInput> in, int64_t* N, int64_t* nseq, bool* mtp,
-                  const int32_t* ids = nullptr);
+                  const int32_t* ids, bool staged);
   // Device side: every kernel from the embedding to the logits rows (scratch kLogits), then with
   // `mtp` the step's H rows to the states keeping the head, on the stream; depends on the host
   // only through (N, nseq, R, mtp), so it can be captured.
   void enqueue(int64_t N, int64_t nseq, int64_t R, bool mtp);
   // prepare + enqueue (or a graph replay for decode and verify steps); returns R.
-  int64_t step(std::span<const CudaStepInput> in, const int32_t* ids = nullptr);
+  int64_t step(std::span<const CudaStepInput> in, const int32_t* ids = nullptr,
+               bool staged = false);
   void attention_layer(const DevLayer& L, const Table& tb, int64_t N, const float* xn, float* y);
   void deltanet_layer(const DevLayer& L, const Table& tb, int64_t N, int64_t nseq, const float* xn,
                       float* y);
@@ -348,6 +352,7 @@ class CudaModel {
   int64_t captures_ = 0;
   std::array<void*, 4> step_events_{};  // cudaEvent_t; set while step times are taken
   StepTimes step_times_;
+  void add_step_times();  // the step whose events 0-3 have completed
   // cudaGraphExec_t by key: steps {0, N, nseq, R, mtp}, drafts {1, want_logits, ks...},
   // mtp_sync {2, M}.
   std::map<std::vector<int64_t>, void*> graphs_;

@@ -366,8 +366,10 @@ void Engine::step() {
   // steps at 0.99x with it: docs/PERFORMANCE.md, "The prior's probes on the device".)
   if (!observed_.empty() && model_.graph_captures() != captures0) observed_.clear();
   if (!observed_.empty()) learn(policy_clock(model_) - c0);
-  if (next) plan_chained();
-  if (mtp_) step_end_clock_ = policy_clock(model_), step_end_captures_ = model_.graph_captures();
+  if (next) {
+    plan_chained();
+    if (mtp_) step_end_clock_ = policy_clock(model_), step_end_captures_ = model_.graph_captures();
+  }
   in_flight_ = std::move(next);
   std::lock_guard<std::mutex> lock(mu_);
   sched_.commit(plan);
@@ -500,8 +502,10 @@ void Engine::step_in_flight() {
   // not learned from where a graph was captured meanwhile (as in step()).
   if (!observed_.empty() && model_.graph_captures() != step_end_captures_) observed_.clear();
   if (!observed_.empty()) learn(policy_clock(model_) - step_end_clock_);
-  if (in_flight_) plan_chained();
-  if (mtp_) step_end_clock_ = policy_clock(model_), step_end_captures_ = model_.graph_captures();
+  if (in_flight_) {
+    plan_chained();
+    if (mtp_) step_end_clock_ = policy_clock(model_), step_end_captures_ = model_.graph_captures();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   sched_.commit(plan);
   ++stats_.steps;

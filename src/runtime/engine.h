@@ -119,7 +119,9 @@ struct EngineOptions {
   // plain, and the drafts asked for at its commit (a lookup needs the token before) wait for the
   // step after. A row whose request stops at the step's token (a stop token) has its next row
   // computed and dropped. The same kernels: the tokens are the unchained engine's, bit for bit.
-  bool chain = true;
+  // Off by default until its tests and speed have been seen on a device (docs/PERFORMANCE.md,
+  // "Chained decode steps"); the unchained path is the one measured so far.
+  bool chain = false;
   // For tests: chain on the CPU too (Model::launch_argmax runs each step at once there, so
   // nothing overlaps and a request that stops at a stop token costs a step; the bookkeeping runs,
   // under the sanitizers, on every machine).
@@ -270,8 +272,8 @@ class Engine {
   std::vector<Observed> observed_;
   // A chained step launched and not yet committed (engine thread only; EngineOptions::chain).
   std::optional<StepPlan> in_flight_;
-  // policy_clock and Model::graph_captures at the end of the last step (drafting on): a chained
-  // step's cost is the time from the step before's end to its own.
+  // policy_clock and Model::graph_captures at the end of the last step that launched a chained
+  // step (drafting on): a chained step's cost is the time from the step before's end to its own.
   double step_end_clock_ = 0;
   int64_t step_end_captures_ = 0;
   uint64_t next_id_ = 1;

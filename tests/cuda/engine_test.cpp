@@ -154,6 +154,46 @@ TEST_F(EngineOnDevice, ChainedStepsEqualUnchained) {
   }
 }
 
+// Chained steps on a drafting engine (MTP head, prompt lookup, adaptive): four requests at once
+// chain behind the stream gate, then one at a time chain their plain steps between drafts; the
+// chained steps' head tokens reach the states by Model::set_chained_token, so the drafts made
+// after a chain come from the right head rows. Replies equal the plain unchained engine's. A
+// build whose set_chained_token left the placeholder must fail the model test
+// (CudaModelTest.ChainedGreedyEqualsStepByStep); here it would only lower the acceptance.
+TEST_F(EngineOnDevice, ChainedDraftingEqualsPlain) {
+  std::vector<GenerationRequest> reqs;
+  for (const auto& p : golden_prompts()) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = 48;
+    r.want_logits = false;
+    reqs.push_back(r);
+  }
+  EngineOptions o;
+  o.threads = 2;
+  o.state_cache_bytes = 0;  // no keep jobs: two engines share the model, one steps at a time
+  for (int running : {4, 1}) {
+    o.scheduler.max_running = running;
+    o.draft_max = 0;
+    o.chain = false;
+    Engine plain(*gpu_, o);
+    o.draft_max = 3;
+    o.draft_lookup = 12;
+    o.chain = true;
+    Engine chained(*gpu_, o);
+    const std::vector<Reply> want = run_all(plain, reqs);
+    std::vector<Reply> got;
+    if (running == 1) {  // one at a time, so that nothing waits (a queue stops the chain)
+      for (const auto& r : reqs) got.push_back(run_all(chained, {r})[0]);
+    } else {
+      got = run_all(chained, reqs);
+    }
+    for (size_t i = 0; i < reqs.size(); ++i)
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << running << " at once, request " << i;
+    EXPECT_GT(chained.stats().chained_steps, 10u) << running << " at once";
+  }
+}
+
 TEST_F(EngineOnDevice, ResumedAndBatchedEqualAlone) {
   std::mt19937 rng(5);
   auto random_tokens = [&](int n) {

@@ -216,7 +216,7 @@ TEST_F(EngineTest, ChainedStepsEqualUnchained) {
   // first 20 or 21 tokens.
   EngineOptions oc = batched();
   oc.scheduler.max_running = 1;
-  oc.chain_on_host = true;
+  oc.chain = oc.chain_on_host = true;
   Engine chained(*model_, oc);
   Collector c;
   std::mutex mu;
