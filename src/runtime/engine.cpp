@@ -366,19 +366,8 @@ void Engine::step() {
   // steps at 0.99x with it: docs/PERFORMANCE.md, "The prior's probes on the device".)
   if (!observed_.empty() && model_.graph_captures() != captures0) observed_.clear();
   if (!observed_.empty()) learn(policy_clock(model_) - c0);
-  if (next) {
-    plan_chained();
-    if (mtp_) step_end_clock_ = policy_clock(model_), step_end_captures_ = model_.graph_captures();
-  }
   in_flight_ = std::move(next);
-  std::lock_guard<std::mutex> lock(mu_);
-  sched_.commit(plan);
-  ++stats_.steps;
-  stats_.chained_steps += in_flight_.has_value();
-  stats_.step_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
-  stats_.model_seconds += model_s;
-  stats_.pool = states_.stats();
+  end_step(plan, t_step, model_s);
 }
 
 bool Engine::chainable(const StepPlan& plan) const {
@@ -502,6 +491,11 @@ void Engine::step_in_flight() {
   // not learned from where a graph was captured meanwhile (as in step()).
   if (!observed_.empty() && model_.graph_captures() != step_end_captures_) observed_.clear();
   if (!observed_.empty()) learn(policy_clock(model_) - step_end_clock_);
+  end_step(plan, t_step, model_s);
+}
+
+void Engine::end_step(const StepPlan& plan, std::chrono::steady_clock::time_point t_step,
+                      double model_s) {
   if (in_flight_) {
     plan_chained();
     if (mtp_) step_end_clock_ = policy_clock(model_), step_end_captures_ = model_.graph_captures();

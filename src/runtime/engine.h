@@ -30,6 +30,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -222,6 +223,10 @@ class Engine {
   // each request that may draft asks want_drafts for that step as an unchained engine would have,
   // so that its lookups and policy go on; what it asks for waits for the step after (Active::want).
   void plan_chained();
+  // The end of every step: plan_chained where a chained step was launched, then the scheduler
+  // advanced by what `plan` committed and the step counted (started at t_step, model_s of it in
+  // the model).
+  void end_step(const StepPlan& plan, std::chrono::steady_clock::time_point t_step, double model_s);
   // The drafting policies learn from the steps just committed (observed_) at this cost (seconds
   // of policy_clock per step).
   void learn(double cost);
