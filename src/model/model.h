@@ -204,11 +204,12 @@ class Model {
   // forward_argmax in two halves, so that on the device the host reads one step's tokens while
   // the device runs the next (CudaModel::launch_greedy): launch_argmax enqueues the step and
   // returns; with `chained`, row i's token is the one the step launched before picked for its row
-  // i (one token per row, as many rows, no verify, no MTP head; the tokens in `inputs` are not
-  // read). take_argmax appends the tokens of the oldest step launched and not taken. At most two
-  // steps are launched and not taken. On the CPU launch_argmax runs the step at once and keeps its
-  // tokens for take_argmax: nothing overlaps, but a caller's bookkeeping runs (and is tested) on
-  // every machine. One caller at a time, as for the device's stream.
+  // i (one token per row, as many rows, no verify; the tokens in `inputs` are not read; a state
+  // keeping the MTP head then waits for set_chained_token). take_argmax appends the tokens of the
+  // oldest step launched and not taken. At most two steps are launched and not taken. On the CPU
+  // launch_argmax runs the step at once and keeps its tokens for take_argmax: nothing overlaps, but
+  // a caller's bookkeeping runs (and is tested) on every machine. One caller at a time, as for the
+  // device's stream.
   void launch_argmax(std::span<const StepInput> inputs, bool chained, ThreadPool* pool) const;
   void take_argmax(std::vector<int32_t>* tokens) const;
   // The token a chained step fed `state` (the step before's, once taken), for a state keeping the
