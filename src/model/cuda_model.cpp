@@ -992,8 +992,10 @@ int64_t CudaModel::step(std::span<const CudaStepInput> in, const int32_t* ids, b
 }
 
 void CudaModel::forward(std::span<const CudaStepInput> inputs, std::vector<float>* logits) {
+  TF_CUDA_REQUIRE(greedy_n_ == 0, "forward: a launched step is not taken");
   const cudaStream_t s = as_stream(stream_);
   const int64_t R = step(inputs), V = config().vocab_size;
+  greedy_rows_ = -1;  // no argmax: no chained launch may follow
   if (R == 0) return;
   // Through pinned memory: a copy from the device into pageable memory runs at a fraction of the
   // bus speed (0.6 MB per row at vocabulary 151936).
@@ -1020,6 +1022,7 @@ void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
   TF_CUDA_REQUIRE(greedy_n_ == 0, "forward_greedy: a launched step is not taken");
   const cudaStream_t s = as_stream(stream_);
   const int64_t R = step(inputs), V = config().vocab_size;
+  greedy_rows_ = R;  // a chained launch may follow (its tokens: this step's argmax_)
   if (R == 0) return;
   int32_t* d = grow_tracked(argmax_, R);
   cuda::argmax_rows(scratch_[kLogits].data(), R, V, d, s, nullptr,
