@@ -310,10 +310,10 @@ void kernel_table(const ModelConfig& c, int64_t ctx) {
       0);
 }
 
-// Aggregate decode tokens/s of B greedy streams through the Engine (continuous batching; each
-// step's logits rows go to the host and are sampled there): B requests of `prompt` random tokens
-// and `steps` reply tokens each, submitted at once; timed from the moment every stream has its
-// first token to the last token. The best of 2. `chain`: EngineOptions::chain.
+// Aggregate decode tokens/s of B greedy streams through the Engine (continuous batching; the
+// requests want no logits, as the server's, so each step reads back its argmax tokens): B requests
+// of `prompt` random tokens and `steps` reply tokens each, submitted at once; timed from the moment
+// every stream has its first token to the last token. The best of 2. `chain`: EngineOptions::chain.
 double engine_decode(const Model& model, int B, int prompt, int steps, bool chain,
                      std::mt19937& rng) {
   EngineOptions o;
@@ -568,14 +568,13 @@ int run(int argc, char** argv) {
     else if (a == "--draft-streams")
       draft_streams = parse_list(next());
     else {
-      std::fprintf(
-          stderr,
-          "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
-          "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
-          "[--kernels] [--step-times] [--engine] [--chain] [--draft K [--draft-fixed] "
-          "[--draft-prompts JSON] "
-          "[--draft-streams 1,4] [--draft-max-streams 1] [--draft-reps 3] [--draft-lookup N] "
-          "[--draft-warm] [--draft-control] [--profile]]\n");
+      std::fprintf(stderr,
+                   "usage: cuda_bench (--model DIR | --config JSON --load-format dummy) "
+                   "[--batches 1,8,32] [--steps 64] [--prompt 32] [--prefill 512] [--no-graphs] "
+                   "[--kernels] [--step-times] [--engine] [--chain] [--draft K [--draft-fixed] "
+                   "[--draft-prompts JSON] [--draft-streams 1,4] [--draft-max-streams 1] "
+                   "[--draft-reps 3] [--draft-lookup N] "
+                   "[--draft-warm] [--draft-control] [--profile]]\n");
       return 2;
     }
   }

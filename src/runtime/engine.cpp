@@ -266,19 +266,7 @@ void Engine::step() {
   StepPlan plan;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (mtp_) {
-      int decoding = 0;  // requests past their prompt
-      for (auto& [id, a] : active_) decoding += !a->internal && a->last >= 0;
-      const bool gated = o_.draft_max_streams > 0 && decoding > o_.draft_max_streams;
-      for (auto& [id, a] : active_) {
-        a->lookup_drafts.clear();
-        a->lookup_matched = false;
-        if (a->policy && a->last >= 0) {
-          a->want = gated ? 0 : want_drafts(*a);
-          sched_.set_draft(id, a->want);
-        }
-      }
-    }
+    if (mtp_) ask_drafts(/*for_scheduler=*/true);
     plan = sched_.plan();
   }
   if (plan.empty()) return;
@@ -375,7 +363,7 @@ bool Engine::chainable(const StepPlan& plan) const {
   if (!model_.on_device() && !o_.chain_on_host) return false;
   // With drafting on, a request that may draft chains while the stream gate keeps drafting off
   // (its depth is then 0 whatever its tokens), or where its last planned step asked for no drafts
-  // and no prompt lookup matched (what it asks for at this step's commit, plan_chained, waits a
+  // and no prompt lookup matched (what it asks for at this step's commit, ask_drafts, waits a
   // step: a lookup needs the token before). Every running sequence decodes (checked below).
   const bool gated = mtp_ && o_.draft_max_streams > 0 &&
                      plan.rows.size() > static_cast<size_t>(o_.draft_max_streams);
@@ -433,18 +421,19 @@ void Engine::learn(double cost) {
   for (int k = 0; k <= o_.draft_max; ++k) stats_.draft_costs[k] = prior_.cost(k);
 }
 
-void Engine::plan_chained() {
-  if (!mtp_) return;
-  std::lock_guard<std::mutex> lock(mu_);
+void Engine::ask_drafts(bool for_scheduler) {
   int decoding = 0;  // requests past their prompt
   for (auto& [id, a] : active_) decoding += !a->internal && a->last >= 0;
   const bool gated = o_.draft_max_streams > 0 && decoding > o_.draft_max_streams;
   for (auto& [id, a] : active_) {
-    if (!a->policy || a->last < 0) continue;
     a->lookup_drafts.clear();
     a->lookup_matched = false;
+    if (!a->policy || a->last < 0) continue;
     a->want = gated ? 0 : want_drafts(*a);
-    a->lookup_drafts.clear();  // the step is launched plain: its drafts, if any, wait a step
+    if (for_scheduler)
+      sched_.set_draft(id, a->want);
+    else
+      a->lookup_drafts.clear();  // the step is launched plain: its drafts, if any, wait a step
   }
 }
 
@@ -496,9 +485,12 @@ void Engine::step_in_flight() {
 
 void Engine::end_step(const StepPlan& plan, std::chrono::steady_clock::time_point t_step,
                       double model_s) {
-  if (in_flight_) {
-    plan_chained();
-    if (mtp_) step_end_clock_ = policy_clock(model_), step_end_captures_ = model_.graph_captures();
+  if (in_flight_ && mtp_) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ask_drafts(/*for_scheduler=*/false);
+    }
+    step_end_clock_ = policy_clock(model_), step_end_captures_ = model_.graph_captures();
   }
   std::lock_guard<std::mutex> lock(mu_);
   sched_.commit(plan);

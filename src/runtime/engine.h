@@ -219,11 +219,13 @@ class Engine {
   bool chainable(const StepPlan& plan) const;
   StepPlan launch_next(const StepPlan& plan);
   void set_chained_tokens(const StepPlan& plan, std::span<const int32_t> tokens);
-  // With drafting on, after the commit of a step whose next step was launched chained (plain):
-  // each request that may draft asks want_drafts for that step as an unchained engine would have,
-  // so that its lookups and policy go on; what it asks for waits for the step after (Active::want).
-  void plan_chained();
-  // The end of every step: plan_chained where a chained step was launched, then the scheduler
+  // With drafting on (mu_ held): each request that may draft asks want_drafts for the next step
+  // (Active::want; 0 while the stream gate, draft_max_streams, is closed), which goes to the
+  // scheduler; or, after the commit of a step whose next step was launched chained (plain), only
+  // to `want`, so that its lookups and policy go on as in an unchained engine and what it asks for
+  // waits for the step after.
+  void ask_drafts(bool for_scheduler);
+  // The end of every step: ask_drafts where a chained step was launched, then the scheduler
   // advanced by what `plan` committed and the step counted (started at t_step, model_s of it in
   // the model).
   void end_step(const StepPlan& plan, std::chrono::steady_clock::time_point t_step, double model_s);

@@ -445,9 +445,10 @@ TEST_P(DraftEngineTest, ChainedWhileGatedThenDraftedEqualsPlain) {
 // plain steps chain where no prompt lookup matched, a lookup or a probe found at a chained step's
 // commit waits one step (Active::want), and drafting goes on between chains. Every reply equals
 // the plain engine's; on tiny-next's copy prompts drafts are still proposed (about 105 in 87
-// steps here, 113 in 80 unchained; the small random model chains 131 of 147 steps). Checked to
-// fail: a build that chained every plain step of such a request (chainable without its `want` /
-// `lookup_matched` test) never drafted again once a chain began and failed on tiny-next.
+// steps, 113 in 80 unchained; the small random model chains 131 of 147 steps: counts printed by
+// a debugging build of this test). Checked to fail: a build that chained every plain step of
+// such a request (chainable without its `want` / `lookup_matched` test) never drafted again once
+// a chain began and failed on tiny-next.
 TEST_P(DraftEngineTest, ChainedOneStreamStillDraftsAndEqualsPlain) {
   std::mt19937 rng(13);
   std::vector<GenerationRequest> reqs(3);
