@@ -185,6 +185,7 @@ class Service {
     eo.draft_adaptive = o_.draft_adaptive;
     eo.draft_max_streams = o_.draft_max_streams;
     eo.draft_lookup = o_.draft_lookup;
+    eo.chain = o_.chain;
     if (o_.draft_max > 0 && !model_->has_mtp()) {
       spdlog::warn("drafting: off (the model has no MTP head, --draft-max {} ignored)",
                    o_.draft_max);
@@ -285,10 +286,14 @@ class Service {
         "# HELP tensorfold_engine_steps_total Engine steps run.\n# TYPE "
         "tensorfold_engine_steps_total counter\n"
         "tensorfold_engine_steps_total {}\n"
+        "# HELP tensorfold_engine_chained_steps_total Steps launched on the device before the "
+        "step before's tokens were read (--chain on).\n# TYPE "
+        "tensorfold_engine_chained_steps_total counter\n"
+        "tensorfold_engine_chained_steps_total {}\n"
         "# HELP tensorfold_model_loaded 1 once the model serves.\n# TYPE tensorfold_model_loaded "
         "gauge\n"
         "tensorfold_model_loaded {}\n",
-        s.waiting, s.running, s.steps, ready_ ? 1 : 0);
+        s.waiting, s.running, s.steps, s.chained_steps, ready_ ? 1 : 0);
     // Mean accepted length = accepted / steps; acceptance rate = accepted / drafted.
     out += fmt::format(
         "# HELP tensorfold_draft_enabled 1 when the engine drafts with the MTP head "

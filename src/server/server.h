@@ -31,9 +31,10 @@ struct ServerOptions {
   int draft_max = 0;
   float draft_p_min = 0.0f;
   bool draft_adaptive = true;
-  int draft_max_streams = 1;                // EngineOptions::draft_max_streams
-  int draft_lookup = 12;                    // EngineOptions::draft_lookup (with --draft-max)
-  int http_threads = 64;                    // connections served at once
+  int draft_max_streams = 1;  // EngineOptions::draft_max_streams
+  int draft_lookup = 12;      // EngineOptions::draft_lookup (with --draft-max)
+  bool chain = false;         // EngineOptions::chain: greedy decode steps chained on the device
+  int http_threads = 64;      // connections served at once
   size_t max_body_bytes = 8 << 20;          // larger bodies get 413
   bool enable_thinking = true;              // default of chat_template_kwargs.enable_thinking
   std::string reasoning_format = "parsed";  // "parsed" (reasoning_content) or "inline"

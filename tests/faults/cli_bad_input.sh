@@ -38,4 +38,5 @@ expect_error "has no MTP head" "$bin" bench --model "$golden/a_bf16_per_expert" 
 expect_error "residency limit must be more than 0" "$bin" serve --residency-limit 0
 expect_error "residency device limit must be more than 0" "$bin" serve --residency-device-limit 0
 expect_error "draft-max-streams" "$bin" serve --draft-max-streams -1
+expect_error "chain" "$bin" serve --chain sometimes
 exit $fail
