@@ -120,8 +120,9 @@ struct EngineOptions {
   // plain, and the drafts asked for at its commit (a lookup needs the token before) wait for the
   // step after. A row whose request stops at the step's token (a stop token) has its next row
   // computed and dropped. The same kernels: the tokens are the unchained engine's, bit for bit.
-  // Off by default until its tests and speed have been seen on a device (docs/PERFORMANCE.md,
-  // "Chained decode steps"); the unchained path is the one measured so far.
+  // Off by default: on an H100 its tests pass and it gains nothing (the host's share of a step is
+  // 9-14 us there, and the chained ids copy costs about 3 us; docs/PERFORMANCE.md, "Chained
+  // decode steps"). `serve --chain on`.
   bool chain = false;
   // For tests: chain on the CPU too (Model::launch_argmax runs each step at once there, so
   // nothing overlaps and a request that stops at a stop token costs a step; the bookkeeping runs,
