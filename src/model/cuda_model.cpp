@@ -1021,12 +1021,10 @@ void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
                                std::vector<int32_t>* tokens) {
   TF_CUDA_REQUIRE(greedy_n_ == 0, "forward_greedy: a launched step is not taken");
   const cudaStream_t s = as_stream(stream_);
-  const int64_t R = step(inputs), V = config().vocab_size;
+  const int64_t R = step(inputs);
   greedy_rows_ = R;  // a chained launch may follow (its tokens: this step's argmax_)
   if (R == 0) return;
-  int32_t* d = grow_tracked(argmax_, R);
-  cuda::argmax_rows(scratch_[kLogits].data(), R, V, d, s, nullptr,
-                    scratch(kArgmaxWork, cuda::argmax_work_floats(R, V)));
+  const int32_t* d = argmax_rows(R);
   // Through pinned memory too: a pageable destination makes even these few bytes a staged copy.
   auto* host = static_cast<int32_t*>(pinned(R * sizeof(int32_t)));
   TF_CUDA_CHECK(cudaMemcpyAsync(host, d, R * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
@@ -1037,6 +1035,14 @@ void CudaModel::forward_greedy(std::span<const CudaStepInput> inputs,
   }
   TF_CUDA_CHECK(cudaStreamSynchronize(s));
   tokens->insert(tokens->end(), host, host + R);
+}
+
+const int32_t* CudaModel::argmax_rows(int64_t R) {
+  const int64_t V = config().vocab_size;
+  int32_t* d = grow_tracked(argmax_, R);
+  cuda::argmax_rows(scratch_[kLogits].data(), R, V, d, as_stream(stream_), nullptr,
+                    scratch(kArgmaxWork, cuda::argmax_work_floats(R, V)));
+  return d;
 }
 
 void* CudaModel::claim(PinnedSlot& p, size_t bytes) {
@@ -1074,15 +1080,12 @@ void CudaModel::launch_greedy(std::span<const CudaStepInput> inputs, bool chaine
   // land: prepare() copies them (ids written from `inputs`) and the chained ids overwrite theirs.
   const int32_t* previous = argmax_.data();
   const int64_t R = step(inputs, chained ? previous : nullptr, /*staged=*/true);
-  const int64_t V = config().vocab_size;
   greedy_rows_ = R;
   PinnedSlot& out = greedy_[(greedy_first_ + greedy_n_) % 2];
   out.rows = R;
   ++greedy_n_;
   if (R == 0) return;
-  int32_t* d = grow_tracked(argmax_, R);
-  cuda::argmax_rows(scratch_[kLogits].data(), R, V, d, s, nullptr,
-                    scratch(kArgmaxWork, cuda::argmax_work_floats(R, V)));
+  const int32_t* d = argmax_rows(R);
   // Through pinned memory: a pageable destination makes even these few bytes a staged copy.
   TF_CUDA_CHECK(cudaMemcpyAsync(claim(out, R * sizeof(int32_t)), d, R * sizeof(int32_t),
                                 cudaMemcpyDeviceToHost, s));

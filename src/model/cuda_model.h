@@ -339,6 +339,8 @@ class CudaModel {
     void* done = nullptr;  // cudaEvent_t, made on first use
     int64_t rows = 0;      // launch_greedy: the step's tokens
   };
+  // The argmax of the step's R logits rows (scratch kLogits) into argmax_, on the stream.
+  const int32_t* argmax_rows(int64_t R);
   static void* claim(PinnedSlot& p, size_t bytes);  // waits for its last copy, grows it
   static void mark(PinnedSlot& p, void* stream);    // its copies are those enqueued so far
   std::array<PinnedSlot, 2> table_stage_, greedy_;

@@ -120,14 +120,7 @@ TEST_F(EngineOnDevice, ChainedStepsEqualUnchained) {
   o.threads = 2;
   o.chain = false;
   o.state_cache_bytes = 0;  // no keep jobs: two engines share the model, one steps at a time
-  std::vector<GenerationRequest> reqs;
-  for (const auto& p : prompts) {
-    GenerationRequest r;
-    r.prompt = p;
-    r.max_tokens = 40;
-    r.want_logits = false;
-    reqs.push_back(r);
-  }
+  std::vector<GenerationRequest> reqs = testing::argmax_requests(prompts, 40);
   // Stop tokens that occur mid-reply: each request stops at its own reply's token 4 + 3i (or its
   // first later occurrence), some requests at max_tokens 1, 2 and 3 instead.
   {
@@ -161,14 +154,7 @@ TEST_F(EngineOnDevice, ChainedStepsEqualUnchained) {
 // build whose set_chained_token left the placeholder must fail the model test
 // (CudaModelTest.ChainedGreedyEqualsStepByStep); here it would only lower the acceptance.
 TEST_F(EngineOnDevice, ChainedDraftingEqualsPlain) {
-  std::vector<GenerationRequest> reqs;
-  for (const auto& p : golden_prompts()) {
-    GenerationRequest r;
-    r.prompt = p;
-    r.max_tokens = 48;
-    r.want_logits = false;
-    reqs.push_back(r);
-  }
+  const std::vector<GenerationRequest> reqs = testing::argmax_requests(golden_prompts(), 48);
   EngineOptions o;
   o.threads = 2;
   o.state_cache_bytes = 0;  // no keep jobs: two engines share the model, one steps at a time

@@ -176,14 +176,7 @@ TEST_F(EngineTest, CancelAndQueueFull) {
 // host's last token (not the step before's) gave other tokens; one that committed the rows of
 // requests already finished stopped with map::at.
 TEST_F(EngineTest, ChainedStepsEqualUnchained) {
-  std::vector<GenerationRequest> reqs;
-  for (const auto& p : prompts()) {
-    GenerationRequest r;
-    r.prompt = p;
-    r.max_tokens = 30;
-    r.want_logits = false;  // argmax rows: only those chain
-    reqs.push_back(r);
-  }
+  std::vector<GenerationRequest> reqs = testing::argmax_requests(prompts(), 30);  // they chain
   EngineOptions o = batched();
   o.ctx_size = 170;  // the 151-token prompt meets the context limit before max_tokens
   o.state_cache_bytes = 0;

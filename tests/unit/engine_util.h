@@ -60,6 +60,21 @@ inline std::vector<int32_t> random_tokens(std::mt19937& rng, int64_t vocab, int 
   return t;
 }
 
+// Greedy requests of these prompts, each of up to max_tokens reply tokens, wanting no logits (so
+// the engine's steps take argmax rows, the ones that chain).
+inline std::vector<GenerationRequest> argmax_requests(
+    const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
+  std::vector<GenerationRequest> reqs;
+  for (const auto& p : prompts) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = max_tokens;
+    r.want_logits = false;
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+
 // One request's reply as a Collector saw it.
 struct Reply {
   std::vector<int32_t> tokens;
