@@ -1,10 +1,9 @@
 // tensorfold make-checkpoint: writes a random qwen3_next checkpoint for a config.json, so that
 // real-size shapes can be benchmarked without a download (see model/random_checkpoint.h).
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "apps/commands.h"
+#include "core/file.h"
 #include "model/random_checkpoint.h"
 
 namespace tf::app {
@@ -20,23 +19,20 @@ struct MakeOptions {
 };
 
 int run_make(const MakeOptions& o) {
-  std::ifstream in(o.config);
-  std::stringstream text;
-  text << in.rdbuf();
-  auto cfg = parse_model_config(text.str(), o.config);
-  if (!cfg) {
-    std::fprintf(stderr, "error: %s\n", cfg.status().to_string().c_str());
+  auto fail = [](const Status& st) {
+    std::fprintf(stderr, "error: %s\n", st.to_string().c_str());
     return 1;
-  }
+  };
+  auto text = read_file(o.config);
+  if (!text) return fail(text.status());
+  auto cfg = parse_model_config(*text, o.config);
+  if (!cfg) return fail(cfg.status());
   RandomCheckpointOptions ro;
   ro.dtype = o.dtype == "f32" ? DType::kF32 : o.dtype == "f16" ? DType::kF16 : DType::kBF16;
   ro.packed_experts = o.packed;
   ro.mtp = o.mtp;
   ro.seed = o.seed;
-  if (Status st = write_random_checkpoint(*cfg, text.str(), o.out, ro); !st) {
-    std::fprintf(stderr, "error: %s\n", st.to_string().c_str());
-    return 1;
-  }
+  if (Status st = write_random_checkpoint(*cfg, *text, o.out, ro); !st) return fail(st);
   size_t bytes = 0, n = 0;
   for (const auto& t : checkpoint_tensors(*cfg, ro)) bytes += t.nbytes(), ++n;
   std::printf("wrote %s: %zu tensors, %.3f GB\n", o.out.c_str(), n, bytes / 1e9);

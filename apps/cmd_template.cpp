@@ -5,12 +5,11 @@
 // F holds a JSON list of messages, or an object {"messages": [...], "tools": [...], ...} whose
 // other keys become template variables.
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
+#include "core/file.h"
 #include "tokenizer/chat_template.h"
 
 namespace tf::app {
@@ -30,13 +29,12 @@ int run_template(const TemplateOptions& o) {
   };
   auto ct = tok::ChatTemplate::load(o.tokenizer);
   if (!ct) return fail(ct.status());
-  std::ifstream in(o.messages_file, std::ios::binary);
-  if (!in) return fail(Status::not_found("cannot open --messages-file {}", o.messages_file));
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  auto body = read_file(o.messages_file);
+  if (!body)
+    return fail(Status(body.status().code(), "--messages-file: " + body.status().message()));
   nlohmann::ordered_json request;
   try {
-    request = nlohmann::ordered_json::parse(ss.str());
+    request = nlohmann::ordered_json::parse(*body);
   } catch (const nlohmann::json::parse_error& e) {
     return fail(Status::invalid("{}: not valid JSON: {}", o.messages_file, e.what()));
   }

@@ -4,12 +4,11 @@
 //   tensorfold tokenize --tokenizer DIR --decode 1,2,3 [--skip-special] [--json]
 #include <charconv>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
+#include "core/file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tf::app {
@@ -67,11 +66,9 @@ int run_tokenize(const TokenizeOptions& o) {
   }
   std::string text = o.text;
   if (!o.text_file.empty()) {
-    std::ifstream in(o.text_file, std::ios::binary);
-    if (!in) return fail(Status::not_found("cannot open --text-file {}", o.text_file));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
+    auto file = read_file(o.text_file);
+    if (!file) return fail(Status(file.status().code(), "--text-file: " + file.status().message()));
+    text = std::move(*file);
   }
   auto ids = tk->encode(text);
   if (!ids) return fail(ids.status());

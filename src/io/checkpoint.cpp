@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "core/file.h"
 
 namespace tf {
 
@@ -29,12 +29,10 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir) {
   std::vector<std::string> files;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index, ec)) {
-    std::ifstream in(index);
-    std::stringstream ss;
-    ss << in.rdbuf();
+    TF_ASSIGN_OR_RETURN(std::string text, read_file(index.string()));
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(ss.str());
+      j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       return Status::corrupt("{}: not valid JSON: {}", index.string(), e.what());
     }

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "core/file.h"
 
 namespace tf {
 
@@ -201,11 +201,11 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
 }
 
 Result<ModelConfig> load_model_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::not_found("{}: cannot open (not a checkpoint directory?)", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_model_config(ss.str(), path);
+  Result<std::string> text = read_file(path);
+  if (!text && text.status().code() == StatusCode::kNotFound)
+    return Status::not_found("{}: cannot open (not a checkpoint directory?)", path);
+  TF_RETURN_IF_ERROR(text.status());
+  return parse_model_config(*text, path);
 }
 
 }  // namespace tf

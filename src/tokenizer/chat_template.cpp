@@ -1,24 +1,14 @@
 #include "tokenizer/chat_template.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
+#include "core/file.h"
 #include "tokenizer/utf8.h"
 
 namespace tf::tok {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-
-Result<std::string> read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::not_found("cannot open {}", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::io("cannot read {}", path);
-  return ss.str();
-}
 
 // A special token in tokenizer_config.json: a string or an AddedToken object {"content": ...}.
 std::optional<std::string> token_string(const ojson& v) {
@@ -60,7 +50,7 @@ Result<ChatTemplate> ChatTemplate::load(const std::string& dir) {
   ojson config;
   std::optional<std::string> source;
   if (std::filesystem::exists(config_path)) {
-    TF_ASSIGN_OR_RETURN(std::string text, read_text(config_path));
+    TF_ASSIGN_OR_RETURN(std::string text, read_file(config_path));
     config = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
     if (config.is_discarded() || !config.is_object())
       return Status::corrupt("{}: not a JSON object", config_path);
@@ -79,7 +69,7 @@ Result<ChatTemplate> ChatTemplate::load(const std::string& dir) {
   }
   const std::string jinja_path = dir + "/chat_template.jinja";
   if (std::filesystem::exists(jinja_path)) {
-    TF_ASSIGN_OR_RETURN(std::string text, read_text(jinja_path));
+    TF_ASSIGN_OR_RETURN(std::string text, read_file(jinja_path));
     source = std::move(text);
   }
   if (!source)

@@ -3,12 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <fstream>
-#include <sstream>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
+#include "core/file.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/regex_split.h"
 #include "tokenizer/utf8.h"
@@ -162,15 +161,6 @@ struct Tokenizer::Impl {
 // Loading
 
 namespace {
-
-Result<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::not_found("cannot open {}", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::io("cannot read {}", path);
-  return ss.str();
-}
 
 // Byte-level token string -> raw bytes; nullopt when a char is outside the byte alphabet.
 std::optional<std::string> byte_level_decode(std::string_view token) {

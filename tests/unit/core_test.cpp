@@ -5,10 +5,31 @@
 
 #include "core/buffer.h"
 #include "core/dtype.h"
+#include "core/file.h"
 #include "core/status.h"
+#include "unit/test_util.h"
 
 namespace tf {
 namespace {
+
+// Every reader of a whole file goes through read_file: bytes as they are (a NUL, no newline
+// added), and a named error for a file that is missing or that is a directory (which opens on
+// Linux and reads as empty: before the check it came back as "" and ok).
+TEST(ReadFile, BytesOrANamedError) {
+  testing::TempDir dir;
+  const std::string bytes("{\"a\":\0 1}", 9);
+  testing::write_file(dir.path("f.json"), bytes);
+  Result<std::string> ok = read_file(dir.path("f.json"));
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(*ok, bytes);
+  Result<std::string> missing = read_file(dir.path("none.json"));
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("none.json"), std::string::npos);
+  Result<std::string> folder = read_file(dir.path());
+  ASSERT_FALSE(folder.is_ok());
+  EXPECT_EQ(folder.status().code(), StatusCode::kIo);
+}
 
 TEST(Status, ResultCarriesValueOrError) {
   Result<int> ok = 5;

@@ -1,9 +1,8 @@
 // Malformed checkpoints: each gets a Status naming the file, the tensor and expected vs actual;
 // never a crash (this suite also runs under ASan/UBSan).
-#include <fstream>
-
 #include <gtest/gtest.h>
 
+#include "core/file.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
 #include "unit/test_util.h"
@@ -11,21 +10,14 @@
 namespace tf {
 namespace {
 
-std::string read_file(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-void write_file(const std::string& p, const std::string& s) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << s;
-}
+using testing::write_file;
 
 class BadCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
     testing::write_small_checkpoint(dir_.path());
     st_ = dir_.path("model.safetensors");
-    bytes_ = read_file(st_);
+    bytes_ = read_file(st_).value();
     uint64_t n;
     std::memcpy(&n, bytes_.data(), 8);
     header_ = bytes_.substr(8, n);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,6 +40,12 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Writes `bytes` to `path`, replacing what was there.
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
 
 // A small hybrid config: 4 layers (GDN, GDN, attention, GDN+dense MLP), GQA 2, r = 2, 4 experts.
 inline std::string small_config_json(const std::string& extra = "") {
