@@ -1,6 +1,6 @@
 // Whole-file reads for the small text files a checkpoint directory and the CLI carry (config.json,
 // tokenizer.json, chat templates, request files): one helper so that every reader gives the same
-// two errors, naming the path.
+// errors, naming the path.
 #pragma once
 
 #include <string>
