@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/file.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/tokenizer.h"
@@ -177,17 +178,19 @@ TEST(HfTokenizers, SmallDecode) {
 // ---------------------------------------------------------------------------------------------
 // Chat templates
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+// tf::read_file's text, or "" (and a failure of the test) when the file cannot be read.
+std::string read_text(const std::string& path) {
+  Result<std::string> text = read_file(path);
+  EXPECT_TRUE(text.is_ok()) << text.status().to_string();
+  return text.is_ok() ? *text : std::string();
 }
 
 void compare_chats(const std::string& expected_path) {
-  const ojson config = ojson::parse(read_file(kData + "/qwen3/tokenizer_config.json"));
+  const ojson config = ojson::parse(read_text(kData + "/qwen3/tokenizer_config.json"));
   std::map<std::string, std::string> sources = {
       {"qwen3", config["chat_template"].get<std::string>()},
-      {"qwen3_next_instruct", read_file(kData + "/templates/qwen3_next_instruct.jinja")},
-      {"qwen3_next_thinking", read_file(kData + "/templates/qwen3_next_thinking.jinja")}};
+      {"qwen3_next_instruct", read_text(kData + "/templates/qwen3_next_instruct.jinja")},
+      {"qwen3_next_thinking", read_text(kData + "/templates/qwen3_next_thinking.jinja")}};
   std::map<std::string, ChatTemplate> templates;
   for (const auto& [name, src] : sources) {
     auto ct = ChatTemplate::from_source(src, config);

@@ -6,10 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <fstream>
-#include <sstream>
 #include <string>
 
+#include "core/file.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -34,10 +33,12 @@ int main(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("load %s: %.2f s\n", argv[1], load_s);
   for (int a = 2; a < argc; ++a) {
-    std::ifstream in(argv[a], std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string text = tf::tok::utf8_lossy(ss.str());
+    auto file = tf::read_file(argv[a]);
+    if (!file) {
+      std::fprintf(stderr, "error: %s\n", file.status().to_string().c_str());
+      return 1;
+    }
+    std::string text = tf::tok::utf8_lossy(*file);
     size_t warm = std::min<size_t>(text.size(), 100000);
     while (warm < text.size() && (static_cast<unsigned char>(text[warm]) & 0xC0) == 0x80) ++warm;
     (void)tk->encode(text.substr(0, warm));
